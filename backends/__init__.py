@@ -1,0 +1,1 @@
+"""Built-in backends, importable as ``unitrain.backends.<name>``; each imports its framework."""

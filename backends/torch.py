@@ -1,0 +1,358 @@
+"""The PyTorch backend: any ``nn.Module`` with a loss, or :class:`unitrain.models.MLP`.
+
+PyTorch's optimizers are the reference formulas, so the native ``torch.optim`` classes are
+used for SGD and Adam. AdamW is the exception: ``torch.optim.AdamW`` decays the weights in a
+separate multiply before the Adam step, which rounds differently from the reference's single
+``p -= lr * (u + wd * p)`` and drifts close to 1e-6 over 100 float32 steps, so it is computed
+here with ``torch._foreach`` ops in the reference's form.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from unitrain import optim
+from unitrain._errors import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.models import MLP
+from unitrain.state import check_state, split_state
+
+__all__ = ["TorchBackend", "TorchMLP"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "gelu": F.gelu, "sigmoid": torch.sigmoid}
+
+
+class TorchMLP(nn.Module):
+    """:class:`unitrain.models.MLP` in PyTorch, with canonical ``(in, out)`` weight layout.
+
+    Dropout masks come from a private generator seeded per forward from
+    ``(seed, step, micro_batch)``, so a resumed run draws the masks of an uninterrupted one.
+    """
+
+    def __init__(self, spec: MLP) -> None:
+        super().__init__()
+        self.spec = spec
+        self.layers = nn.ModuleList()
+        for fan_in, fan_out in zip(spec.sizes, spec.sizes[1:]):
+            layer = nn.Module()
+            layer.weight = nn.Parameter(torch.empty(fan_in, fan_out))
+            layer.bias = nn.Parameter(torch.empty(fan_out))
+            self.layers.append(layer)
+        self.activation = _ACTIVATIONS[spec.activation]
+        self.generator: torch.Generator | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.layers) - 1
+        keep = 1.0 - self.spec.dropout
+        for i, layer in enumerate(self.layers):
+            x = torch.addmm(layer.bias, x, layer.weight)
+            if i < last:
+                x = self.activation(x)
+                if self.training and self.spec.dropout:
+                    mask = torch.rand(x.shape, generator=self.generator, device=x.device)
+                    x = x * (mask < keep).to(x.dtype) / keep
+        return x
+
+
+class TorchBackend:
+    """PyTorch implementation of the :class:`unitrain.backend.Backend` protocol."""
+
+    name = "torch"
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
+    )
+
+    def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        self.options = options = options or BackendOptions()
+        self.torch_device = _resolve_device(options.device)
+        if options.dtype not in _DTYPES:
+            raise ConfigError(f"the torch backend trains in {tuple(_DTYPES)}, got {options.dtype!r}")
+        self.dtype = _DTYPES[options.dtype]
+        if options.deterministic:
+            _make_deterministic(self.torch_device)
+        torch.manual_seed(options.seed)
+        if isinstance(model, MLP):
+            self.module: nn.Module = TorchMLP(model)
+            with torch.no_grad():
+                for name, value in model.init_params(options.seed).items():
+                    self.module.get_parameter(name).copy_(torch.from_numpy(value))
+        elif isinstance(model, nn.Module):
+            self.module = model
+        else:
+            raise ConfigError(
+                "the torch backend trains an nn.Module or unitrain.models.MLP, "
+                f"got {type(model).__name__}"
+            )
+        self.module.to(self.torch_device, self.dtype).train()
+        self.params = dict(self.module.named_parameters())
+        self.loss_fn, self.classification = _loss_function(options.loss)
+        self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
+        self._adamw_state: dict[str, list[torch.Tensor]] | None = None
+        self._step = 0
+        self._micro_batch = 0
+        self._skipped = 0
+        if isinstance(self.module, TorchMLP) and model.dropout:
+            self.module.generator = torch.Generator(self.torch_device)
+
+    @property
+    def device(self) -> str:
+        """``"gpu"`` on CUDA, else ``"cpu"``."""
+        return "gpu" if self.torch_device.type == "cuda" else "cpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a gradient was not finite."""
+        return self._skipped
+
+    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        x = torch.as_tensor(x).to(self.torch_device, self.dtype, non_blocking=True)
+        y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
+        if self.classification:
+            y = y.long()
+        elif y.is_floating_point():
+            y = y.to(self.dtype)
+        return x, y
+
+    def forward(self, batch: Batch) -> Any:
+        """Train-mode forward; returns the loss detached from the graph (no host sync)."""
+        x, y = self._tensors(batch)
+        if not self.module.training:
+            self.module.train()
+        generator = getattr(self.module, "generator", None)
+        if generator is not None:
+            seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
+            generator.manual_seed(seed)
+        out = self.module(x)
+        self._loss = self.loss_fn(out, y.reshape(out.shape) if not self.classification else y)
+        self._micro_batch += 1
+        return self._loss.detach()
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last loss to ``.grad``."""
+        (self._loss if scale == 1.0 else self._loss * scale).backward()
+        self._loss = None
+
+    def step(self, lr: float) -> None:
+        """Clip, skip on non-finite gradients, update at ``lr``, zero the gradients."""
+        params = [p for p in self.params.values() if p.grad is not None]
+        grads = [p.grad for p in params]
+        clip = self.options.grad_clip_norm
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            # On CPU this read is free; on CUDA it is the one sync per step the guard costs.
+            if not bool(torch.isfinite(norm)):
+                self._skipped += 1
+                self.optimizer.zero_grad()
+                self._micro_batch = 0
+                return
+            if clip is not None:
+                torch._foreach_mul_(grads, torch.clamp(clip / (norm + optim.CLIP_EPSILON), max=1.0))
+        self._step += 1
+        if isinstance(self.options.optimizer, optim.AdamW):
+            self._adamw_step(lr)
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        self._micro_batch = 0
+
+    def _adamw_step(self, lr: float) -> None:
+        spec = self.options.optimizer
+        params = list(self.params.values())
+        if self._adamw_state is None:
+            self._adamw_state = {
+                "exp_avg": [torch.zeros_like(p) for p in params],
+                "exp_avg_sq": [torch.zeros_like(p) for p in params],
+            }
+        live = [i for i, p in enumerate(params) if p.grad is not None]
+        p = [params[i] for i in live]
+        g = [params[i].grad for i in live]
+        m = [self._adamw_state["exp_avg"][i] for i in live]
+        v = [self._adamw_state["exp_avg_sq"][i] for i in live]
+        with torch.no_grad():
+            torch._foreach_lerp_(m, g, 1.0 - spec.beta1)
+            torch._foreach_mul_(v, spec.beta2)
+            torch._foreach_addcmul_(v, g, g, value=1.0 - spec.beta2)
+            bias_correction1 = 1.0 - spec.beta1**self._step
+            sqrt_bias_correction2 = math.sqrt(1.0 - spec.beta2**self._step)
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_div_(denom, sqrt_bias_correction2)
+            torch._foreach_add_(denom, spec.eps)
+            direction = torch._foreach_div(m, bias_correction1)
+            torch._foreach_div_(direction, denom)
+            torch._foreach_add_(direction, p, alpha=spec.weight_decay)
+            torch._foreach_add_(p, direction, alpha=-lr)
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""
+        x, y = self._tensors(batch)
+        self.module.eval()
+        with torch.no_grad():
+            out = self.module(x)
+            metrics = {"loss": self.loss_fn(out, y if self.classification else y.reshape(out.shape))}
+            if self.classification:
+                metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
+        return metrics
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor | None]:
+        """Optimizer state under canonical names (None where torch has not created it yet)."""
+        spec = self.options.optimizer
+        tensors: dict[str, torch.Tensor | None] = {}
+        for index, (name, p) in enumerate(self.params.items()):
+            if isinstance(spec, optim.AdamW):
+                state = self._adamw_state
+                tensors[f"{name}.exp_avg"] = state["exp_avg"][index] if state else None
+                tensors[f"{name}.exp_avg_sq"] = state["exp_avg_sq"][index] if state else None
+            elif isinstance(spec, optim.Adam):
+                state = self.optimizer.state.get(p, {})
+                tensors[f"{name}.exp_avg"] = state.get("exp_avg")
+                tensors[f"{name}.exp_avg_sq"] = state.get("exp_avg_sq")
+            elif spec.momentum:
+                tensors[f"{name}.momentum"] = self.optimizer.state.get(p, {}).get(
+                    "momentum_buffer"
+                )
+        return tensors
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and optimizer state as host numpy copies, canonical names."""
+        state = {f"model.{k}": _to_numpy(v) for k, v in self.params.items()}
+        shapes = {f"{k}.": v.shape for k, v in self.params.items()}
+        for key, tensor in self._optimizer_tensors().items():
+            if tensor is None:
+                shape = next(s for prefix, s in shapes.items() if key.startswith(prefix))
+                state[f"optimizer.{key}"] = np.zeros(shape, _numpy_dtype(self.dtype))
+            else:
+                state[f"optimizer.{key}"] = _to_numpy(tensor)
+        state["optimizer.step"] = np.asarray(self._step, np.int64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Copy parameters and optimizer state in; names and shapes must match exactly."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        self._step = int(opt.pop("step"))
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(torch.from_numpy(np.ascontiguousarray(model[name])))
+        spec = self.options.optimizer
+        device_tensor = lambda a: torch.from_numpy(np.array(a)).to(self.torch_device, self.dtype)  # noqa: E731
+        if isinstance(spec, optim.AdamW):
+            self._adamw_state = {
+                kind: [device_tensor(opt[f"{name}.{kind}"]) for name in self.params]
+                for kind in ("exp_avg", "exp_avg_sq")
+            }
+        else:
+            self.optimizer.state.clear()
+            for name, p in self.params.items():
+                if isinstance(spec, optim.Adam):
+                    self.optimizer.state[p] = {
+                        "step": torch.tensor(float(self._step)),
+                        "exp_avg": device_tensor(opt[f"{name}.exp_avg"]),
+                        "exp_avg_sq": device_tensor(opt[f"{name}.exp_avg_sq"]),
+                    }
+                elif spec.momentum:
+                    self.optimizer.state[p] = {
+                        "momentum_buffer": device_tensor(opt[f"{name}.momentum"])
+                    }
+        self._micro_batch = 0
+
+    def rng_state(self) -> dict[str, Any]:
+        """torch's global CPU (and CUDA) generator states, base64-encoded."""
+        state = {"cpu": _encode(torch.get_rng_state())}
+        if self.torch_device.type == "cuda":
+            state["cuda"] = _encode(torch.cuda.get_rng_state(self.torch_device))
+        return state
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        if "cpu" in state:
+            torch.set_rng_state(_decode(state["cpu"]))
+        if "cuda" in state and self.torch_device.type == "cuda":
+            torch.cuda.set_rng_state(_decode(state["cuda"]), self.torch_device)
+
+    def versions(self) -> dict[str, str]:
+        """torch's version (and CUDA's when used)."""
+        versions = {"torch": torch.__version__}
+        if self.torch_device.type == "cuda" and torch.version.cuda:
+            versions["cuda"] = torch.version.cuda
+        return versions
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "gpu":
+        if not torch.cuda.is_available():
+            raise ConfigError("device='gpu' but torch sees no CUDA device; use 'cpu' or 'auto'")
+        return torch.device("cuda")
+    if device == "cpu":
+        return torch.device("cpu")
+    raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
+
+
+def _make_deterministic(device: torch.device) -> None:
+    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def _loss_function(loss: Any) -> tuple[Any, bool]:
+    if loss == "cross_entropy":
+        return F.cross_entropy, True
+    if loss == "mse":
+        return F.mse_loss, False
+    if callable(loss):
+        return loss, False
+    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
+
+
+def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if isinstance(spec, optim.Adam):
+        # AdamW's update is computed by hand (see the module doc); a plain SGD object with lr 0
+        # still serves zero_grad.
+        if isinstance(spec, optim.AdamW):
+            return torch.optim.SGD(params, lr=0.0)
+        return torch.optim.Adam(
+            params, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.eps,
+            weight_decay=spec.weight_decay,
+        )
+    return torch.optim.SGD(
+        params, lr=0.0, momentum=spec.momentum, nesterov=spec.nesterov,
+        weight_decay=spec.weight_decay,
+    )
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.numpy().copy()
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype("float64" if dtype == torch.float64 else "float32")
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)

@@ -1,0 +1,147 @@
+"""The small interface between the framework-agnostic Trainer and one framework.
+
+The Trainer talks to a backend through :class:`Backend` and nothing else, so a new framework
+fits in a few hundred lines. Everything a backend returns from the hot path (losses, metric
+values) stays a framework scalar; the Trainer adds them up with ``+`` and turns them into host
+floats only at logging points, so no call here forces a device-to-host sync per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from unitrain.optim import Optimizer
+
+__all__ = ["Backend", "BackendOptions", "Batch", "Capabilities", "FusedStep"]
+
+#: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
+Batch = tuple[Any, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend declares it can do; callers read this instead of guessing.
+
+    Attributes:
+        devices: device kinds the backend can run on (``"cpu"``, ``"gpu"``).
+        dtypes: parameter dtypes it trains in (``"float32"``, ``"float64"``, ...).
+        fused_step: whether it offers ``train_step(batch, lr)``.
+        bit_exact_resume: whether resuming from a checkpoint reproduces an uninterrupted run
+            bit for bit on the same device in deterministic mode.
+        portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
+            checkpoints use canonical names and load in other backends.
+    """
+
+    devices: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[str, ...] = ("float32",)
+    fused_step: bool = False
+    bit_exact_resume: bool = True
+    portable_models: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """Everything a backend is built from, besides the model.
+
+    Attributes:
+        loss: ``"cross_entropy"`` (integer class targets, softmax over logits) or ``"mse"``; a
+            backend may also accept a native callable ``loss(outputs, targets)``.
+        optimizer: the optimizer description; its update rule is the numpy reference in
+            :mod:`unitrain.optim`.
+        grad_clip_norm: clip gradients to this global L2 norm before the update, or None.
+        device: ``"cpu"``, ``"gpu"`` or ``"auto"`` (a GPU when one is visible).
+        seed: seeds initial weights of portable models and the dropout masks, which every
+            backend derives from ``(seed, step, micro_batch)`` so a resumed run draws the same.
+        deterministic: pick deterministic kernels and full-precision matmuls (no TF32).
+        dtype: parameter dtype.
+    """
+
+    loss: Any = "cross_entropy"
+    optimizer: Optimizer = dataclasses.field(default_factory=lambda: _default_optimizer())
+    grad_clip_norm: float | None = None
+    device: str = "auto"
+    seed: int = 0
+    deterministic: bool = False
+    dtype: str = "float32"
+
+
+def _default_optimizer() -> Optimizer:
+    from unitrain.optim import SGD
+
+    return SGD()
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One framework's implementation of forward, backward, step and state.
+
+    A backend class is constructed as ``cls(model, options)`` where ``model`` is a
+    :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
+    :class:`BackendOptions`.
+    """
+
+    name: str
+    capabilities: Capabilities
+
+    @property
+    def device(self) -> str:
+        """The device the backend runs on: ``"cpu"`` or ``"gpu"``."""
+        ...
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many ``step`` calls were skipped because a gradient was NaN or infinite."""
+        ...
+
+    def forward(self, batch: Batch) -> Any:
+        """Run the model in train mode on ``batch``, keep what backward needs, return the loss."""
+        ...
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last forward's loss into the buffers."""
+        ...
+
+    def step(self, lr: float) -> None:
+        """Clip, apply one optimizer update at ``lr``, zero the gradient buffers.
+
+        If any gradient is NaN or infinite, parameters and optimizer state stay untouched, the
+        buffers are zeroed and ``skipped_steps`` grows by one.
+        """
+        ...
+
+    def evaluate(self, batch: Batch) -> Mapping[str, Any]:
+        """Return batch-mean metrics (``loss``, and ``accuracy`` for classification) in eval mode."""
+        ...
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Return parameters (``model.<name>``) and optimizer state (``optimizer.<name>``)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace parameters and optimizer state with ``state`` (as made by state_dict)."""
+        ...
+
+    def rng_state(self) -> dict[str, Any]:
+        """Return the framework's global random state as JSON-serialisable data."""
+        ...
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what rng_state returned."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """Return the versions of the framework packages in use, for checkpoints and reports."""
+        ...
+
+
+@runtime_checkable
+class FusedStep(Protocol):
+    """The optional fast path: one call for forward, backward and step."""
+
+    def train_step(self, batch: Batch, lr: float) -> Any:
+        """Equal to ``forward(batch); backward(); step(lr)``; returns the loss."""
+        ...

@@ -1,0 +1,24 @@
+"""Callbacks: hooks into the training loop whose state survives checkpoints and resumes."""
+
+from unitrain.callbacks._base import HOOKS, Callback, CallbackList
+from unitrain.callbacks.early_stopping import EarlyStopping
+from unitrain.callbacks.loggers import CSVLogger, JSONLLogger
+from unitrain.callbacks.lr_monitor import LRMonitor
+from unitrain.callbacks.model_checkpoint import ModelCheckpoint
+from unitrain.callbacks.progress_bar import ProgressBar
+from unitrain.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau
+from unitrain.callbacks.terminate_on_nan import TerminateOnNaN
+
+__all__ = [
+    "HOOKS",
+    "CSVLogger",
+    "Callback",
+    "CallbackList",
+    "EarlyStopping",
+    "JSONLLogger",
+    "LRMonitor",
+    "ModelCheckpoint",
+    "ProgressBar",
+    "ReduceLROnPlateau",
+    "TerminateOnNaN",
+]

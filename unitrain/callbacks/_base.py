@@ -1,0 +1,125 @@
+"""The callback base class and the dispatcher that calls only the hooks a callback defines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from unitrain._errors import ConfigError
+
+if TYPE_CHECKING:
+    from unitrain.trainer import Trainer
+
+__all__ = ["HOOKS", "Callback", "CallbackList"]
+
+HOOKS = (
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_batch_begin",
+    "on_batch_end",
+    "on_validation_begin",
+    "on_validation_end",
+)
+
+
+class Callback:
+    """Base class of no-op hooks; override the ones you need.
+
+    Epochs are numbered from 0. A *batch* hook fires once per optimizer update, so with
+    gradient accumulation one ``on_batch_end`` covers ``grad_accum_steps`` micro-batches.
+    ``logs`` of ``on_batch_end`` always hold ``step`` and ``lr``; they hold ``loss`` only at
+    logging points (every ``log_every_n_steps``), where reading it back costs nothing extra.
+
+    A callback that must survive a resume returns its state from :meth:`state_dict` (JSON
+    data) and takes it back in :meth:`load_state_dict`. On resume the Trainer calls
+    ``on_train_begin`` first and ``load_state_dict`` after it, so ``on_train_begin`` may reset
+    freely.
+    """
+
+    #: Callbacks with ``runs_last`` run after all others in each hook (checkpointing does, so
+    #: that the state it saves includes every other callback's decision for that epoch).
+    runs_last = False
+
+    @property
+    def state_key(self) -> str:
+        """Key of this callback's state in a checkpoint; unique among the Trainer's callbacks."""
+        return type(self).__name__
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Called once before the first epoch (also when resuming)."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Called once after the last epoch or an early stop."""
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """Called before the first batch of ``epoch``."""
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        """Called after ``epoch`` with its metrics (train and, when validated, ``val_*``)."""
+
+    def on_batch_begin(self, trainer: Trainer, batch: int) -> None:
+        """Called before the optimizer update that starts at batch index ``batch``."""
+
+    def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
+        """Called after an optimizer update; ``batch`` counts batches done in the epoch."""
+
+    def on_validation_begin(self, trainer: Trainer) -> None:
+        """Called before a validation pass."""
+
+    def on_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        """Called after a validation pass with its metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state to store in checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class CallbackList:
+    """Calls each hook on the callbacks that override it, skipping no-op hooks entirely.
+
+    Any object with a method of a hook's name takes part, whether or not it subclasses
+    :class:`Callback`; that keeps the hot loop free of calls that do nothing.
+    """
+
+    def __init__(self, callbacks: Iterable[Any]) -> None:
+        self.callbacks = sorted(callbacks, key=lambda c: bool(getattr(c, "runs_last", False)))
+        keys = [self.key(c) for c in self.callbacks]
+        duplicates = {k for k in keys if keys.count(k) > 1}
+        if duplicates:
+            raise ConfigError(
+                f"two callbacks share the state key(s) {sorted(duplicates)}; give them "
+                "different state_key properties so their states do not overwrite each other"
+            )
+        self.hooks = {
+            hook: [getattr(c, hook) for c in self.callbacks if self._overrides(c, hook)]
+            for hook in HOOKS
+        }
+
+    @staticmethod
+    def key(callback: Any) -> str:
+        return str(getattr(callback, "state_key", type(callback).__name__))
+
+    @staticmethod
+    def _overrides(callback: Any, hook: str) -> bool:
+        method = getattr(type(callback), hook, None)
+        return method is not None and method is not getattr(Callback, hook)
+
+    def call(self, hook: str, *args: Any) -> None:
+        for method in self.hooks[hook]:
+            method(*args)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            self.key(c): c.state_dict() for c in self.callbacks if hasattr(c, "state_dict")
+        }
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            key = self.key(callback)
+            if key in states and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(states[key])

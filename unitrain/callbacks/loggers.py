@@ -1,0 +1,116 @@
+"""Metric files (CSV, JSON lines) that survive kills and resumes without duplicate rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from unitrain.callbacks._base import Callback
+
+if TYPE_CHECKING:
+    from unitrain.trainer import Trainer
+
+__all__ = ["CSVLogger", "JSONLLogger"]
+
+
+class _EpochFileLogger(Callback):
+    """Appends one line per epoch and flushes it, so a kill loses at most the line in flight.
+
+    The file's length after each line is part of the callback's checkpoint state; a resumed
+    run cuts the file back to that length first, so epochs re-run after the checkpoint are
+    not written twice.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._file: IO[str] | None = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self._close()
+        self._offset = 0
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._close()
+        self._offset = int(state.get("offset", 0))
+        self._restore_extra(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"offset": self._offset, **self._extra_state()}
+
+    def _open(self) -> IO[str]:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._offset and self.path.exists():
+                self._file = open(self.path, "r+", encoding="utf-8", newline="")  # noqa: SIM115
+                self._file.truncate(self._offset)
+                self._file.seek(self._offset)
+            else:
+                self._offset = 0
+                self._file = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+        return self._file
+
+    def _write(self, text: str) -> None:
+        handle = self._open()
+        handle.write(text)
+        handle.flush()
+        self._offset = handle.tell()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        self._close()
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _restore_extra(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class JSONLLogger(_EpochFileLogger):
+    """One JSON object per epoch (``epoch, step, lr, loss, val_loss, ..., seconds``).
+
+    Non-finite values are written as ``null`` so every line is strict JSON.
+    """
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        row = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()}
+        self._write(json.dumps(row, allow_nan=False) + "\n")
+
+
+class CSVLogger(_EpochFileLogger):
+    """One CSV row per epoch, with the first epoch's metrics as columns (as Keras does).
+
+    A metric missing from a later epoch is left empty; validate in the first epoch (the
+    default ``val_every_n_epochs=1``) to get validation columns.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self.columns: list[str] | None = None
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        buffer = io.StringIO()
+        if self.columns is None:
+            self.columns = list(logs)
+            csv.writer(buffer).writerow(self.columns)
+        csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(logs)
+        self._write(buffer.getvalue())
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        super().on_train_begin(trainer)
+        self.columns = None
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"columns": self.columns}
+
+    def _restore_extra(self, state: dict[str, Any]) -> None:
+        self.columns = state.get("columns")

@@ -1,0 +1,122 @@
+"""Save checkpoints every N epochs or steps, keep the last few, and keep the best one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from unitrain._errors import ConfigError
+from unitrain.callbacks._base import Callback
+from unitrain.callbacks._monitor import Monitor
+from unitrain.checkpoint import checkpoint_name, list_checkpoints, remove_checkpoint
+
+if TYPE_CHECKING:
+    from unitrain.trainer import Trainer
+
+__all__ = ["ModelCheckpoint"]
+
+BEST = "best"
+
+
+class ModelCheckpoint(Callback):
+    """Write resumable checkpoints into ``dirpath`` as training goes.
+
+    Periodic checkpoints are named ``epoch=EEEE-step=SSSSSS`` and the newest ``keep_last`` are
+    kept. With ``monitor`` set, the checkpoint of the best epoch so far is also kept under
+    ``dirpath/best``. Every write is atomic (a temporary directory renamed into place), so a
+    kill at any moment leaves the previous checkpoints valid, and ``fit(resume="latest")``
+    continues from the newest one that verifies.
+
+    This callback runs after all others in each hook, so the state it saves includes every
+    other callback's decision for the epoch (early stopping's counter, a logger's position).
+
+    Args:
+        dirpath: directory of the checkpoints; defaults to ``TrainerConfig.checkpoint_dir``.
+        every_n_epochs: save after every n-th epoch (None: never by epoch).
+        every_n_steps: save after every n-th optimizer update (None: never by step).
+        keep_last: how many periodic checkpoints to keep (None: all).
+        monitor: metric whose best value selects the ``best`` checkpoint (None: no best).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` for ``monitor``.
+        min_delta: improvement needed for a new best.
+    """
+
+    runs_last = True
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        *,
+        every_n_epochs: int | None = 1,
+        every_n_steps: int | None = None,
+        keep_last: int | None = None,
+        monitor: str | None = None,
+        mode: str = "auto",
+        min_delta: float = 0.0,
+    ) -> None:
+        for name, value in (
+            ("every_n_epochs", every_n_epochs),
+            ("every_n_steps", every_n_steps),
+            ("keep_last", keep_last),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"ModelCheckpoint: {name} must be an int >= 1 or None, got {value!r}")
+        if every_n_epochs is None and every_n_steps is None and monitor is None:
+            raise ConfigError(
+                "ModelCheckpoint: nothing would ever be saved; set every_n_epochs, "
+                "every_n_steps or monitor"
+            )
+        self.dirpath = None if dirpath is None else Path(dirpath)
+        self.every_n_epochs, self.every_n_steps, self.keep_last = (
+            every_n_epochs,
+            every_n_steps,
+            keep_last,
+        )
+        self.monitor = None if monitor is None else Monitor("ModelCheckpoint", monitor, mode, min_delta)
+        self.best = self.monitor.worst if self.monitor else None
+        self.last_saved: Path | None = None
+
+    def _directory(self, trainer: Trainer) -> Path:
+        if self.dirpath is None:
+            if trainer.config.checkpoint_dir is None:
+                raise ConfigError(
+                    "ModelCheckpoint needs a directory: pass dirpath or set "
+                    "TrainerConfig(checkpoint_dir=...)"
+                )
+            self.dirpath = Path(trainer.config.checkpoint_dir)
+        return self.dirpath
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self._directory(trainer)
+        if self.monitor is not None:
+            self.monitor.check_trainer(trainer)
+            self.best = self.monitor.worst
+
+    def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
+        if self.every_n_steps and trainer.state.step % self.every_n_steps == 0:
+            self._save_periodic(trainer)
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        new_best = False
+        if self.monitor is not None:
+            current = self.monitor.read(logs)
+            if current is not None and self.monitor.improved(current, self.best):
+                self.best, new_best = current, True
+        if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
+            self._save_periodic(trainer)
+        if new_best:
+            trainer.save_checkpoint(self._directory(trainer) / BEST)
+
+    def _save_periodic(self, trainer: Trainer) -> None:
+        directory = self._directory(trainer)
+        name = checkpoint_name(trainer.state.epoch, trainer.state.step)
+        self.last_saved = trainer.save_checkpoint(directory / name)
+        if self.keep_last is not None:
+            periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
+            for old in periodic[: -self.keep_last]:
+                remove_checkpoint(old)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best", self.best)

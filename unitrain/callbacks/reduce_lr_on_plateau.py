@@ -1,0 +1,90 @@
+"""Lower the learning rate when a metric stops improving (Keras semantics)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from unitrain._errors import ConfigError
+from unitrain.callbacks._base import Callback
+from unitrain.callbacks._monitor import Monitor
+
+if TYPE_CHECKING:
+    from unitrain.trainer import Trainer
+
+__all__ = ["ReduceLROnPlateau"]
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiply the learning rate by ``factor`` after ``patience`` epochs without improvement.
+
+    The schedule keeps running; this callback scales it through ``trainer.lr_factor``, so a
+    warmup or cosine still shapes the LR and the reduction is saved in checkpoints. The
+    reduced LR never goes below ``min_lr``. Rules follow Keras's ``ReduceLROnPlateau``
+    (``cooldown`` epochs after a reduction count neither as waiting nor for reduction).
+
+    Args:
+        monitor: metric name, e.g. ``"val_loss"``.
+        factor: multiplier in (0, 1).
+        patience: epochs without improvement before reducing.
+        mode: ``"min"``, ``"max"`` or ``"auto"``.
+        min_delta: improvement threshold (Keras's default 1e-4).
+        cooldown: epochs to wait after a reduction.
+        min_lr: lower bound of the effective learning rate.
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        factor: float = 0.1,
+        patience: int = 10,
+        mode: str = "auto",
+        min_delta: float = 1e-4,
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+    ) -> None:
+        if not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0:
+            raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got factor={factor!r}")
+        for name, value in (("patience", patience), ("cooldown", cooldown)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"ReduceLROnPlateau: {name} must be an int >= 0, got {value!r}")
+        if not isinstance(min_lr, (int, float)) or not min_lr >= 0:
+            raise ConfigError(f"ReduceLROnPlateau: min_lr must be >= 0, got min_lr={min_lr!r}")
+        self.monitor = Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
+        self.factor, self.patience, self.cooldown, self.min_lr = factor, patience, cooldown, min_lr
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best, self.wait, self.cooldown_counter = self.monitor.worst, 0, 0
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.monitor.check_trainer(trainer)
+        self._reset()
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        current = self.monitor.read(logs)
+        if current is None:
+            return
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self.monitor.improved(current, self.best):
+            self.best, self.wait = current, 0
+        elif self.cooldown_counter == 0:
+            self.wait += 1
+            if self.wait >= self.patience:
+                self._reduce(trainer)
+                self.cooldown_counter, self.wait = self.cooldown, 0
+
+    def _reduce(self, trainer: Trainer) -> None:
+        lr = trainer.lr
+        if lr <= self.min_lr or lr == 0:
+            return
+        target = max(lr * self.factor, self.min_lr)
+        trainer.lr_factor *= target / lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = float(state["best"])
+        self.wait, self.cooldown_counter = int(state["wait"]), int(state["cooldown_counter"])

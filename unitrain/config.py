@@ -1,0 +1,90 @@
+"""The Trainer's settings, validated when they are made so mistakes surface before training."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from unitrain._errors import ConfigError
+
+__all__ = ["NONFINITE_POLICIES", "TrainerConfig"]
+
+#: What to do when a step's loss or gradient is NaN or infinite. In every case that step's
+#: update is skipped (weights and optimizer state untouched); the policies differ in what
+#: happens next: ``raise`` a NonFiniteError, ``stop`` training cleanly, or ``skip_batch`` and
+#: go on. The check reads a counter kept by the backend at logging points and epoch ends, so
+#: it costs no host sync per step; set ``log_every_n_steps=1`` to react at the very step.
+NONFINITE_POLICIES = ("raise", "skip_batch", "stop")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"TrainerConfig: {name} must be an int >= {minimum}, got {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """How to train: epochs, batching, accumulation, clipping, seeding, logging cadence.
+
+    Args:
+        epochs: passes over the training data.
+        batch_size: examples per batch when ``fit`` is given plain ``(inputs, targets)`` arrays.
+        grad_accum_steps: micro-batches whose gradients are added before one optimizer step;
+            micro-batches are weighted by size, so k batches of n equal one batch of k*n.
+        grad_clip_norm: clip gradients to this global L2 norm (torch's formula), or None.
+        seed: seeds weights, data order, dropout and the global RNGs.
+        deterministic: ask the backend for deterministic kernels and no TF32.
+        log_every_n_steps: how often running metrics are read back to the host.
+        val_every_n_epochs: validate after every n-th epoch (and after the last).
+        device: ``"cpu"``, ``"gpu"`` or ``"auto"``.
+        dtype: parameter dtype.
+        nonfinite: one of :data:`NONFINITE_POLICIES`.
+        checkpoint_dir: where ModelCheckpoint writes and ``resume="latest"`` looks.
+
+    Examples:
+        >>> TrainerConfig(epochs=3).epochs
+        3
+    """
+
+    epochs: int = 10
+    batch_size: int = 32
+    grad_accum_steps: int = 1
+    grad_clip_norm: float | None = None
+    seed: int = 0
+    deterministic: bool = True
+    log_every_n_steps: int = 50
+    val_every_n_epochs: int = 1
+    device: str = "auto"
+    dtype: str = "float32"
+    nonfinite: str = "raise"
+    checkpoint_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("epochs", self.epochs)
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("grad_accum_steps", self.grad_accum_steps)
+        _positive_int("log_every_n_steps", self.log_every_n_steps)
+        _positive_int("val_every_n_epochs", self.val_every_n_epochs)
+        _positive_int("seed", self.seed, minimum=0)
+        if self.grad_clip_norm is not None and (
+            isinstance(self.grad_clip_norm, bool)
+            or not isinstance(self.grad_clip_norm, (int, float))
+            or not math.isfinite(self.grad_clip_norm)
+            or self.grad_clip_norm <= 0
+        ):
+            raise ConfigError(
+                "TrainerConfig: grad_clip_norm must be a positive finite number or None, "
+                f"got grad_clip_norm={self.grad_clip_norm!r}"
+            )
+        if self.device not in ("cpu", "gpu", "auto"):
+            raise ConfigError(
+                f"TrainerConfig: device must be 'cpu', 'gpu' or 'auto', got device={self.device!r}"
+            )
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(
+                f"TrainerConfig: nonfinite must be one of {NONFINITE_POLICIES}, "
+                f"got nonfinite={self.nonfinite!r}"
+            )
+        if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
+            raise ConfigError(f"TrainerConfig: unsupported dtype={self.dtype!r}")

@@ -1,0 +1,211 @@
+"""Batches from numpy arrays with a shuffle order that is a function of ``(seed, epoch)``.
+
+Because the order of epoch ``e`` depends on nothing but ``(seed, e)``, a resumed run reaches
+any position ``(epoch, batch)`` directly: it computes that epoch's permutation and slices from
+the batch it stopped at, without replaying a single batch. Native loaders (a torch
+``DataLoader``, a ``tf.data.Dataset``, any re-iterable) are accepted too; resuming one
+mid-epoch skips batches by iterating, which is exact only if the loader's order is itself
+reproducible, and unitrain says so in a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from unitrain._errors import ConfigError, DataError
+
+__all__ = ["ArrayLoader", "BatchSource", "IterableSource", "as_batch_source", "check_arrays"]
+
+Batch = tuple[Any, Any]
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """What the Trainer iterates: the batches of one epoch, from any batch within it."""
+
+    #: Whether ``batches(epoch, start)`` reproduces exactly the batches of an uninterrupted run.
+    exact_resume: bool
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Yield the batches of ``epoch`` beginning with batch number ``start``."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of batches per epoch."""
+        ...
+
+
+def check_arrays(
+    inputs: np.ndarray,
+    targets: np.ndarray,
+    *,
+    in_features: int | None = None,
+    num_classes: int | None = None,
+    name: str = "data",
+) -> None:
+    """Raise :class:`DataError` if the arrays cannot be trained on, saying what to fix.
+
+    Args:
+        inputs: array whose first axis indexes examples.
+        targets: labels or regression targets, same first axis.
+        in_features: expected size of an input's last axis, when the model is known.
+        num_classes: for classification, labels must be ints in ``[0, num_classes)``.
+        name: what to call the data in messages (``"train_data"``, ``"val_data"``).
+    """
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    if inputs.ndim == 0 or len(inputs) == 0:
+        raise DataError(f"{name} is empty: it has no examples; pass at least one example")
+    if len(inputs) != len(targets):
+        raise DataError(
+            f"{name} is ragged: {len(inputs)} inputs but {len(targets)} targets; "
+            "inputs and targets must have the same length"
+        )
+    if in_features is not None and (inputs.ndim < 2 or inputs.shape[-1] != in_features):
+        raise DataError(
+            f"{name} has inputs of shape {inputs.shape[1:]}, but the model expects "
+            f"{in_features} features per example"
+        )
+    for label, array in (("inputs", inputs), ("targets", targets)):
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise DataError(f"{name} {label} contain {bad} NaN or infinite values; clean them")
+    if num_classes is not None:
+        if targets.dtype.kind not in "iu":
+            raise DataError(
+                f"{name} targets must be integer class labels for cross-entropy, "
+                f"got dtype {targets.dtype}"
+            )
+        low, high = int(targets.min()), int(targets.max())
+        if low < 0 or high >= num_classes:
+            raise DataError(
+                f"{name} has labels in [{low}, {high}], but the model has {num_classes} "
+                f"outputs; labels must be in [0, {num_classes - 1}]"
+            )
+
+
+class ArrayLoader:
+    """Mini-batches of in-memory arrays, shuffled per epoch from ``(seed, epoch)``.
+
+    Args:
+        inputs: array of examples (first axis).
+        targets: array of targets with the same first axis.
+        batch_size: examples per batch.
+        shuffle: permute the examples every epoch.
+        seed: seed of the shuffle; the permutation of epoch ``e`` is a pure function of
+            ``(seed, e)``.
+        drop_last: drop the final batch when it would be smaller than ``batch_size``.
+
+    Examples:
+        >>> loader = ArrayLoader(np.arange(10.0)[:, None], np.arange(10), batch_size=4)
+        >>> len(loader), [len(x) for x, _ in loader.batches(epoch=0)]
+        (3, [4, 4, 2])
+        >>> [y.tolist() for _, y in loader.batches(0, start=2)] == [
+        ...     y.tolist() for _, y in list(loader.batches(0))[2:]]
+        True
+    """
+
+    exact_resume = True
+
+    def __init__(
+        self,
+        inputs: Any,
+        targets: Any,
+        batch_size: int = 32,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ConfigError(
+                f"ArrayLoader: batch_size must be a positive int, got batch_size={batch_size!r}"
+            )
+        self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
+        check_arrays(self.inputs, self.targets)
+        if drop_last and len(self.inputs) < batch_size:
+            raise DataError(
+                f"ArrayLoader: drop_last=True with {len(self.inputs)} examples and "
+                f"batch_size={batch_size} leaves no batch; lower batch_size"
+            )
+        self.batch_size, self.shuffle, self.seed, self.drop_last = (
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+        )
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.inputs), self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The permutation of example indices used in ``epoch``."""
+        if not self.shuffle:
+            return np.arange(len(self.inputs))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.inputs))
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Yield the batches of ``epoch`` from batch number ``start`` on, in O(1) to seek."""
+        order = self.order(epoch)
+        for index in range(start, len(self)):
+            chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
+            yield self.inputs[chosen], self.targets[chosen]
+
+
+class IterableSource:
+    """Wraps a native loader (any re-iterable of ``(inputs, targets)`` batches).
+
+    Resuming mid-epoch skips ``start`` batches by iterating them: exact only when the
+    loader yields the same order every time it is iterated at the same epoch.
+    """
+
+    exact_resume = False
+
+    def __init__(self, iterable: Iterable[Batch]) -> None:
+        if isinstance(iterable, Iterator):
+            raise DataError(
+                "a one-shot iterator cannot be iterated once per epoch; pass a re-iterable "
+                "(a list, a torch DataLoader, a tf.data.Dataset) or an ArrayLoader"
+            )
+        self.iterable = iterable
+
+    def __len__(self) -> int:
+        try:
+            return len(self.iterable)  # type: ignore[arg-type]
+        except TypeError:
+            return 0
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Yield the loader's batches, skipping the first ``start`` (by iterating them)."""
+        if start:
+            warnings.warn(
+                f"resuming a native loader at batch {start} of epoch {epoch} by skipping "
+                "batches; the result equals an uninterrupted run only if the loader's order "
+                "is reproducible. Use unitrain.data.ArrayLoader for exact, instant resume.",
+                stacklevel=2,
+            )
+        for index, batch in enumerate(self.iterable):
+            if index >= start:
+                yield batch
+
+
+def as_batch_source(data: Any, batch_size: int, seed: int, shuffle: bool) -> BatchSource:
+    """Turn what a user passes to ``fit`` into a :class:`BatchSource`.
+
+    Accepts a :class:`BatchSource` (used as is), a tuple ``(inputs, targets)`` of arrays
+    (wrapped in an :class:`ArrayLoader`), or a re-iterable of batches.
+    """
+    if isinstance(data, BatchSource):
+        return data
+    if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
+        return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed)
+    if isinstance(data, Iterable):
+        return IterableSource(data)
+    raise DataError(
+        f"cannot train on {type(data).__name__}: pass (inputs, targets) arrays, an "
+        "ArrayLoader, or a re-iterable of (inputs, targets) batches"
+    )

@@ -1,0 +1,383 @@
+"""The Trainer: one training loop for every backend, exact to resume, with no per-step sync.
+
+The loop owns what is the same everywhere — epochs, batching, accumulation, the learning
+rate, callbacks, checkpoints, metric bookkeeping — and leaves forward, backward and the
+update to a :class:`unitrain.backend.Backend`. Metric values stay backend scalars and are
+added up with ``+``; they become host floats only at logging points and epoch ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import unitrain
+from unitrain import rng
+from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from unitrain.backend import Backend, BackendOptions, FusedStep
+from unitrain.callbacks._base import CallbackList
+from unitrain.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from unitrain.config import TrainerConfig
+from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_arrays
+from unitrain.models import MLP
+from unitrain.optim import SGD, Optimizer
+from unitrain.registry import get_backend
+from unitrain.schedules import AbstractSchedule, Constant, from_dict
+from unitrain.state import pack_tensors, split_state, unpack_tensors
+
+__all__ = ["TrainState", "Trainer"]
+
+Batch = tuple[Any, Any]
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint.
+
+    Attributes:
+        epoch: index of the current epoch (= epochs completed).
+        step: optimizer updates applied so far (the schedule's argument).
+        batch: batches consumed in the current epoch.
+        stop_training: set by a callback (early stopping) to end training after this update.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    batch: int = 0
+    stop_training: bool = False
+
+
+class Trainer:
+    """Trains one model on one backend with a schedule, callbacks and checkpoints.
+
+    Args:
+        model: a :class:`unitrain.models.MLP` (portable: same weights and checkpoint layout on
+            every backend) or a model native to the backend.
+        backend: a name (``"torch"``), ``"package.module:Class"``, a backend class, or an
+            already built backend instance; None picks ``UNITRAIN_BACKEND`` or the first
+            installed framework.
+        optimizer: an optimizer description from :mod:`unitrain.optim`.
+        schedule: the learning rate per update, from :mod:`unitrain.schedules`.
+        loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
+        callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
+        config: a :class:`TrainerConfig`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from unitrain import Trainer, TrainerConfig, models
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int64")
+        >>> trainer = Trainer(models.MLP((4, 8, 2)), backend="numpy",
+        ...                   config=TrainerConfig(epochs=2, batch_size=16))
+        >>> [sorted(row) for row in trainer.fit((x, y))][0]
+        ['epoch', 'loss', 'lr', 'seconds', 'skipped_steps', 'step']
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        backend: Any = None,
+        optimizer: Optimizer | None = None,
+        schedule: AbstractSchedule | None = None,
+        loss: Any = "cross_entropy",
+        callbacks: Iterable[Any] = (),
+        config: TrainerConfig | None = None,
+    ) -> None:
+        self.config = config = config or TrainerConfig()
+        self.model = model
+        self.optimizer = optimizer or SGD()
+        self.schedule = schedule or Constant(0.01)
+        if not isinstance(self.schedule, AbstractSchedule):
+            raise ConfigError(
+                f"schedule must be a unitrain.schedules object, got {type(schedule).__name__}; "
+                "wrap a constant learning rate as schedules.Constant(lr)"
+            )
+        self.loss = loss
+        if isinstance(backend, Backend) and not isinstance(backend, type):
+            self.backend: Any = backend
+        else:
+            options = BackendOptions(
+                loss=loss,
+                optimizer=self.optimizer,
+                grad_clip_norm=config.grad_clip_norm,
+                device=config.device,
+                seed=config.seed,
+                deterministic=config.deterministic,
+                dtype=config.dtype,
+            )
+            self.backend = get_backend(backend)(model, options)
+        self.callbacks = CallbackList(callbacks)
+        self.state = TrainState()
+        #: Whether the current fit has validation data (callbacks check their monitors by it).
+        self.has_validation = False
+        #: Batches in one epoch of the current fit (0 when a native loader has no length).
+        self.batches_per_epoch = 0
+        self.history: list[dict[str, Any]] = []
+        #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
+        self.lr_factor = 1.0
+        self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
+        self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
+        self._skipped_reported = 0
+        self._reset_running()
+        rng.seed_everything(config.seed)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next update."""
+        return self.schedule(self.state.step) * self.lr_factor
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
+        return self._skipped_before + self.backend.skipped_steps
+
+    def fit(
+        self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
+    ) -> list[dict[str, Any]]:
+        """Train for ``config.epochs`` epochs; return one metrics dict per epoch.
+
+        Args:
+            train_data: ``(inputs, targets)`` arrays, an :class:`~unitrain.data.ArrayLoader`,
+                or a re-iterable of batches.
+            val_data: the same kinds, evaluated after every ``val_every_n_epochs`` epochs.
+            resume: ``"latest"`` (newest valid checkpoint in ``config.checkpoint_dir``) or a
+                checkpoint path; training continues exactly where that checkpoint stopped.
+        """
+        source = self._source(train_data, "train_data", shuffle=True)
+        val_source = None if val_data is None else self._source(val_data, "val_data", False)
+        self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
+        checkpoint_state = None
+        if resume is not None:
+            checkpoint_state = self._restore(resume)
+        self.callbacks.call("on_train_begin", self)
+        if checkpoint_state is not None:
+            self.callbacks.load_state_dict(checkpoint_state)
+            if self.state.stop_training or self.state.epoch >= self.config.epochs:
+                warnings.warn(
+                    f"the resumed run had already finished (epoch {self.state.epoch} of "
+                    f"{self.config.epochs}, stopped early: {self.state.stop_training}); "
+                    "nothing left to train. Raise epochs to train further.",
+                    stacklevel=2,
+                )
+        while self.state.epoch < self.config.epochs and not self.state.stop_training:
+            self._run_epoch(source, val_source)
+        self.callbacks.call("on_train_end", self)
+        return self.history
+
+    def validate(self, data: Any) -> dict[str, float]:
+        """Evaluate on ``data`` in eval mode; metrics are prefixed ``val_``."""
+        self.callbacks.call("on_validation_begin", self)
+        metrics = {f"val_{k}": v for k, v in self._evaluate(data, "val_data").items()}
+        self.callbacks.call("on_validation_end", self, metrics)
+        return metrics
+
+    def test(self, data: Any) -> dict[str, float]:
+        """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
+        return {f"test_{k}": v for k, v in self._evaluate(data, "test_data").items()}
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write a checkpoint of everything needed to continue exactly from here."""
+        model, optimizer = split_state(self.backend.state_dict())
+        callback_tensors: dict[str, Any] = {}
+        callback_states = pack_tensors(self.callbacks.state_dict(), "callbacks", callback_tensors)
+        info = {
+            **dataclasses.asdict(self.state),
+            "running": {"loss_sum": float(self._loss_sum), "count": self._count},
+            "lr_factor": self.lr_factor,
+            "skipped_steps": self.skipped_steps,
+            "schedule": self.schedule.to_dict(),
+            "optimizer": self.optimizer.to_dict(),
+            "model": self._model_description(),
+            "config": dataclasses.asdict(self.config),
+            "callbacks": callback_states,
+            "history": self.history,
+            "rng": {**rng.get_rng_state(), "backend": self.backend.rng_state()},
+            "backend": {
+                "name": self.backend.name,
+                "device": self.backend.device,
+                "versions": self.backend.versions(),
+            },
+            "unitrain_version": unitrain.__version__,
+        }
+        return save_checkpoint(
+            path, model=model, optimizer=optimizer, callbacks=callback_tensors, trainer=info
+        )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run_epoch(self, source: BatchSource, val_source: BatchSource | None) -> None:
+        epoch, started = self.state.epoch, time.perf_counter()
+        if self.state.batch == 0:
+            self._reset_running()
+        self.callbacks.call("on_epoch_begin", self, epoch)
+        for group in self._groups(source.batches(epoch, self.state.batch)):
+            self._train_group(group)
+            if self.state.stop_training:
+                break
+        logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
+        logs.update(self._read_running())
+        last = epoch + 1 == self.config.epochs or self.state.stop_training
+        if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
+            logs.update(self.validate(val_source))
+        logs["seconds"] = time.perf_counter() - started
+        self.history.append(logs)
+        self.state.epoch, self.state.batch = epoch + 1, 0
+        self._reset_running()
+        self.callbacks.call("on_epoch_end", self, epoch, logs)
+
+    def _groups(self, batches: Iterator[Batch]) -> Iterator[list[Batch]]:
+        k = self.config.grad_accum_steps
+        while group := list(islice(batches, k)):
+            yield group
+
+    def _train_group(self, group: list[Batch]) -> None:
+        """One optimizer update from ``group``'s micro-batches, weighted by their sizes."""
+        backend, state = self.backend, self.state
+        lr = self.schedule(state.step) * self.lr_factor
+        self.callbacks.call("on_batch_begin", self, state.batch)
+        if self._fused:
+            loss = backend.train_step(group[0], lr)
+            n = len(group[0][0])
+            self._loss_sum = self._loss_sum + loss * n
+            self._count += n
+        else:
+            sizes = [len(batch[0]) for batch in group]
+            total = sum(sizes)
+            for batch, n in zip(group, sizes):
+                loss = backend.forward(batch)
+                backend.backward(n / total)
+                self._loss_sum = self._loss_sum + loss * n
+            self._count += total
+            backend.step(lr)
+        state.step += 1
+        state.batch += len(group)
+        self._last_lr = lr
+        logs: dict[str, Any] = {"step": state.step, "lr": lr}
+        if state.step % self.config.log_every_n_steps == 0:
+            logs.update(self._read_running())
+        if self.callbacks.hooks["on_batch_end"]:
+            self.callbacks.call("on_batch_end", self, state.batch, logs)
+
+    def _reset_running(self) -> None:
+        self._loss_sum: Any = 0.0
+        self._count = 0
+        self._last_lr = self.lr
+
+    def _read_running(self) -> dict[str, Any]:
+        """Read the running metrics back to the host (the only sync point) and check them."""
+        skipped = self.skipped_steps
+        if skipped > self._skipped_reported:
+            self._on_nonfinite(skipped - self._skipped_reported)
+            self._skipped_reported = skipped
+        loss = float(self._loss_sum) / self._count if self._count else float("nan")
+        return {"loss": loss, "skipped_steps": skipped}
+
+    def _on_nonfinite(self, new: int) -> None:
+        where = f"{new} update(s) up to step {self.state.step}"
+        policy = self.config.nonfinite
+        if policy == "raise":
+            raise NonFiniteError(
+                f"non-finite loss or gradient in {where}; those updates were skipped, so the "
+                "weights hold no NaN. Lower the learning rate, clip gradients "
+                "(grad_clip_norm), check the data, or set nonfinite='skip_batch' to go on."
+            )
+        if policy == "stop":
+            warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
+            self.state.stop_training = True
+
+    def _evaluate(self, data: Any, label: str) -> dict[str, float]:
+        source = self._source(data, label, shuffle=False)
+        sums: dict[str, Any] = {}
+        count = 0
+        for batch in source.batches(0):
+            n = len(batch[0])
+            for key, value in self.backend.evaluate(batch).items():
+                sums[key] = sums.get(key, 0.0) + value * n
+            count += n
+        if count == 0:
+            raise DataError(f"{label} yielded no batches; pass at least one example")
+        return {key: float(value) / count for key, value in sums.items()}
+
+    # -- data and resume ----------------------------------------------------------------------
+
+    def _source(self, data: Any, label: str, shuffle: bool) -> BatchSource:
+        source = as_batch_source(data, self.config.batch_size, self.config.seed, shuffle)
+        if isinstance(source, ArrayLoader) and isinstance(self.model, MLP):
+            classes = self.model.out_features if self.loss == "cross_entropy" else None
+            check_arrays(
+                source.inputs,
+                source.targets,
+                in_features=self.model.in_features,
+                num_classes=classes,
+                name=label,
+            )
+        return source
+
+    def _model_description(self) -> dict[str, Any]:
+        if isinstance(self.model, MLP):
+            return self.model.to_dict()
+        return {"type": "native", "class": type(self.model).__qualname__}
+
+    def _restore(self, resume: str | Path) -> dict[str, Any]:
+        """Load a checkpoint into backend and Trainer; return the callbacks' saved states."""
+        directory = self.config.checkpoint_dir
+        if resume == "latest" and directory is None:
+            raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
+        path = resolve_checkpoint(str(resume), directory or ".")
+        checkpoint = load_checkpoint(path)
+        info = checkpoint.trainer
+        for what, mine in (("model", self._model_description()), ("optimizer", None)):
+            theirs = info.get(what)
+            mine = mine if mine is not None else self.optimizer.to_dict()
+            if theirs is not None and theirs.get("type") != mine.get("type"):
+                raise CheckpointError(
+                    f"{path}: written for {what} {theirs}, but this run uses {mine}; resume "
+                    f"with the same {what}, or start a new run"
+                )
+            if what == "model" and theirs is not None and theirs != mine:
+                raise CheckpointError(
+                    f"{path}: written for model {theirs}, but this run trains {mine}"
+                )
+        state = {f"model.{k}": v for k, v in checkpoint.model.items()}
+        state.update({f"optimizer.{k}": v for k, v in checkpoint.optimizer.items()})
+        try:
+            self.backend.load_state_dict(state)
+        except ConfigError as error:
+            raise CheckpointError(f"{path}: {error}") from None
+        try:
+            self.state = TrainState(
+                epoch=int(info["epoch"]),
+                step=int(info["step"]),
+                batch=int(info.get("batch", 0)),
+                stop_training=bool(info.get("stop_training", False)),
+            )
+            running = info.get("running", {})
+            self._loss_sum = float(running.get("loss_sum", 0.0))
+            self._count = int(running.get("count", 0))
+            self.lr_factor = float(info.get("lr_factor", 1.0))
+            self._skipped_before = self._skipped_reported = int(info.get("skipped_steps", 0))
+            if "schedule" in info and from_dict(info["schedule"]) != self.schedule:
+                warnings.warn(
+                    f"{path} was trained with schedule {info['schedule']}; this run continues "
+                    f"with {self.schedule.to_dict()}, so it will not equal an uninterrupted run",
+                    stacklevel=3,
+                )
+            self.history = list(info.get("history", []))
+            if "rng" in info:
+                rng.set_rng_state(info["rng"])
+                self.backend.set_rng_state(info["rng"].get("backend", {}))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}/trainer.json: malformed field: {error!r}") from None
+        self._last_lr = self.lr
+        try:
+            return dict(unpack_tensors(info.get("callbacks", {}), checkpoint.callbacks))
+        except ConfigError as error:
+            raise CheckpointError(f"{path}: {error}") from None

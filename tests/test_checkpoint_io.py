@@ -1,0 +1,504 @@
+"""Tests for unitrain.checkpoint: bit-exact round trips, atomic writes, and every refusal."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unitrain import CheckpointError
+from unitrain.checkpoint import (
+    FORMAT_VERSION,
+    Checkpoint,
+    CheckpointWarning,
+    _read,
+    _write,
+    checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    remove_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from unitrain.checkpoint._format import DATA_FILES, encode_manifest, sha256_hex
+
+FILES = (
+    "model.safetensors",
+    "optimizer.safetensors",
+    "callbacks.safetensors",
+    "trainer.json",
+    "manifest.json",
+)
+
+
+MODEL = {
+    "layers.0.weight": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+    "layers.0.bias": np.array([0.0, -0.0, np.nan, np.inf], dtype=np.float64),
+    "counter": np.array(7, dtype=np.int64),
+}
+OPTIMIZER = {"layers.0.weight.momentum": np.full((3, 4), 0.5, dtype=np.float32)}
+
+
+def _save(path: Path, step: int = 150, **overrides: Any) -> Path:
+    trainer = {"step": step, "epoch": 3, "history": {"loss": [1.5, float("nan")]}}
+    state: dict[str, Any] = {"model": MODEL, "optimizer": OPTIMIZER, "trainer": trainer}
+    return save_checkpoint(path, **{**state, **overrides})
+
+
+def _resign(checkpoint: Path) -> None:
+    """Rewrites the manifest to match the files, so only the deeper checks can object."""
+    files = {}
+    for name in DATA_FILES:
+        data = (checkpoint / name).read_bytes()
+        files[name] = (sha256_hex(data), len(data))
+    (checkpoint / "manifest.json").write_bytes(encode_manifest(files))
+
+
+def _hidden_entries(directory: Path) -> list[str]:
+    return [name for name in os.listdir(directory) if name.startswith(".")]
+
+
+def _assert_bit_exact(loaded: dict[str, np.ndarray], saved: dict[str, np.ndarray]) -> None:
+    assert loaded.keys() == saved.keys()
+    for name, array in saved.items():
+        expected = np.asarray(array).astype(np.asarray(array).dtype.newbyteorder("="))
+        assert (loaded[name].dtype, loaded[name].shape) == (expected.dtype, expected.shape)
+        assert loaded[name].tobytes() == expected.tobytes()
+
+
+def _raw_safetensors(header: dict[str, Any]) -> bytes:
+    """Builds a structurally valid safetensors file by hand, for dtypes numpy cannot write."""
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    size = max(entry["data_offsets"][1] for entry in header.values())
+    return struct.pack("<Q", len(encoded)) + encoded + bytes(size)
+
+
+def _trainer_json(**fields: Any) -> bytes:
+    return json.dumps({"step": 1, "epoch": 0, "format_version": 1, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["float16", "float32", "float64", "int8", "int32", "int64", "uint8", "uint64", "bool"],
+)
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)])
+def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, shape: tuple[int, ...]) -> None:
+    raw = np.random.default_rng(0).bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    array = np.frombuffer(raw, np.uint8 if dtype == "bool" else dtype).reshape(shape)  # any bits
+    array = (array % 2).astype(bool) if dtype == "bool" else array
+    saved = {"x": array, "y.scalar": np.asarray(array.flat[0] if array.size else 0).astype(dtype)}
+    loaded = load_checkpoint(_save(tmp_path / "c", model=saved, optimizer={}))
+    _assert_bit_exact(loaded.model, saved)
+    assert loaded.optimizer == {}
+    assert safetensors.numpy.load((loaded.path / "optimizer.safetensors").read_bytes()) == {}
+
+
+def test_round_trip_keeps_everything(tmp_path: Path) -> None:
+    model = dict(MODEL)
+    model["transposed"] = np.arange(6.0).reshape(2, 3).T  # not C-contiguous
+    model["big_endian"] = np.arange(3, dtype=">f4")
+    model["numpy_scalar"] = np.float32(2.5)  # type: ignore[assignment]
+    trainer = {"step": 1, "epoch": 0, "schedule": ("cosine", 0.1), "loss": [float("nan")]}
+    path = _save(tmp_path / "c", model=model, trainer={**trainer, "rng": {"state": 2**100}})
+    loaded = load_checkpoint(path)
+    assert isinstance(loaded, Checkpoint)
+    assert loaded.path == path == tmp_path / "c"
+    _assert_bit_exact(loaded.model, model)
+    _assert_bit_exact(loaded.optimizer, OPTIMIZER)
+    assert loaded.model["numpy_scalar"].shape == ()
+    assert all(array.flags.writeable for array in loaded.model.values())
+    assert loaded.trainer["format_version"] == FORMAT_VERSION
+    assert loaded.trainer["schedule"] == ["cosine", 0.1]  # tuples come back as lists
+    assert loaded.trainer["rng"] == {"state": 2**100}
+    assert np.isnan(loaded.trainer["loss"][0])
+    assert sorted(os.listdir(path)) == sorted(FILES)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION and set(manifest["files"]) == {*DATA_FILES}
+    for name, entry in manifest["files"].items():
+        data = (path / name).read_bytes()
+        assert entry == {"sha256": sha256_hex(data), "size": len(data)}
+
+
+def test_save_creates_parents_and_overwrites(tmp_path: Path) -> None:
+    path = _save(tmp_path / "a" / "b" / "last", step=1)
+    _save(path, step=2, model={"w": np.zeros(2)})
+    loaded = load_checkpoint(path)
+    assert (loaded.trainer["step"], list(loaded.model)) == (2, ["w"])
+    assert _hidden_entries(path.parent) == []
+
+
+# What save refuses
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model": {"w": [1.0, 2.0]}}, "not a numpy array"),
+        ({"model": {"w": 1.0}}, "not a numpy array"),
+        ({"model": {"w": np.array([object()])}}, "dtype object"),
+        ({"model": {"w": np.array(["a"])}}, "dtype <U1"),
+        ({"model": {"../w": np.zeros(1)}}, "not allowed"),
+        ({"optimizer": {"a/b": np.zeros(1)}}, "not allowed"),
+        ({"model": {"": np.zeros(1)}}, "not allowed"),
+        ({"model": {1: np.zeros(1)}}, "must be str"),
+        ({"model": [np.zeros(1)]}, "expected a mapping"),
+        ({"trainer": {"epoch": 0}}, "'step' must be an int"),
+        ({"trainer": {"epoch": 0, "step": True}}, "'step' must be an int"),
+        ({"trainer": {"epoch": -1, "step": 0}}, "'epoch' must be an int"),
+        ({"trainer": {"epoch": 0, "step": 1.0}}, "'step' must be an int"),
+        ({"trainer": {"epoch": 0, "step": 0, "x": {1: 2}}}, "keys must be str"),
+        ({"trainer": {"epoch": 0, "step": 0, "x": np.float32(1)}}, "not JSON data"),
+        ({"trainer": {"epoch": 0, "step": 0, "format_version": 2}}, "format_version"),
+        ({"trainer": {"epoch": 0, "step": 0, "x": json.loads("[" * 70 + "]" * 70)}}, "deeper"),
+        ({"path": ".hidden"}, r"must not be empty or start with '\.'"),
+        ({"path": ".."}, r"must not be empty or start with '\.'"),
+    ],
+)
+def test_save_refuses_unstorable_state(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        _save(tmp_path / overrides.pop("path", "c"), **overrides)
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_refuses_to_replace_what_is_not_a_checkpoint(tmp_path: Path) -> None:
+    target = tmp_path / "c"
+    target.mkdir()
+    (target / "notes.txt").write_text("precious")
+    with pytest.raises(CheckpointError, match=r"refusing to replace.*notes\.txt"):
+        _save(target)
+    assert (target / "notes.txt").read_text() == "precious"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        _save(tmp_path / "file")
+    assert _hidden_entries(tmp_path) == []
+
+
+# Failed writes leave the previous checkpoint in place
+
+
+def _fail_with_enospc(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+@pytest.mark.parametrize("previous", [True, False])
+def test_failed_write_keeps_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, previous: bool
+) -> None:
+    path = _save(tmp_path / "last", step=1) if previous else tmp_path / "last"
+    monkeypatch.setattr(os, failing, _fail_with_enospc)
+    with pytest.raises(CheckpointError, match="No space left on device") as info:
+        _save(path, step=2)
+    assert "last" in str(info.value) and "unchanged" in str(info.value)
+    monkeypatch.undo()
+    assert _hidden_entries(tmp_path) == []
+    if previous:
+        assert load_checkpoint(path).trainer["step"] == 1
+    else:
+        assert os.listdir(tmp_path) == []
+
+
+def test_failed_install_restores_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "last", step=1)
+    real_replace = os.replace
+
+    def replace_failing_for_staging(source: Any, target: Any) -> None:
+        if ".tmp-" in os.fspath(source):
+            _fail_with_enospc()
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_failing_for_staging)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        _save(path, step=2)
+    monkeypatch.undo()
+    assert load_checkpoint(path).trainer["step"] == 1
+    assert _hidden_entries(tmp_path) == []
+
+
+def test_write_delay_hook_and_interrupted_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setenv("UNITRAIN_CHECKPOINT_WRITE_DELAY", "0.25")
+    monkeypatch.setattr(_write.time, "sleep", slept.append)
+    _save(tmp_path / "c")
+    assert slept == [0.25] * len(FILES)  # once after each file
+
+    def interrupt(seconds: float) -> None:  # as if Ctrl-C arrived after the first file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_write.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path / "d")
+    assert os.listdir(tmp_path) == ["c"]
+
+
+# What load refuses
+
+
+def _corrupt(path: Path, name: str, how: str) -> None:
+    data = bytearray((path / name).read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0x01 if how == "flip" else 0
+    edited = {"truncate": data[:middle], "append": data + b" "}.get(how, data)
+    (path / name).write_bytes(bytes(edited))
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "append"])
+@pytest.mark.parametrize("name", DATA_FILES)
+def test_load_refuses_modified_files(tmp_path: Path, name: str, how: str) -> None:
+    path = _save(tmp_path / "c")
+    _corrupt(path, name, how)
+    expected = "sha256 mismatch" if how == "flip" else "size mismatch"
+    with pytest.raises(CheckpointError, match=expected) as info:
+        load_checkpoint(path)
+    assert name in str(info.value) and "use an earlier checkpoint" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.replace('"format_version": 1', '"format_version": 2'), "upgrade unitrain"),
+        (lambda m: m.replace('"format_version": 1', '"format_version": true'), "positive int"),
+        (lambda m: m.replace("  ", "   ", 1), "canonical form"),
+        (lambda m: m + "\n", "canonical form"),
+        (lambda m: m[:-10], "not valid JSON"),
+        (lambda m: "[]", "exactly 'files'"),
+        (lambda m: m.replace('"trainer.json"', '"other.json"'), "must list exactly"),
+        (lambda m: m.replace('"size": ', '"size": -', 1), "'size': int >= 0"),
+        (lambda m: m.replace('"sha256": "', '"sha256": "A', 1), "64 lowercase hex"),
+        (
+            lambda m: m.replace(json.loads(m)["files"]["trainer.json"]["sha256"], "0" * 64),
+            r"trainer\.json: sha256 mismatch \(expected 0{64}, found [0-9a-f]{64}\)",
+        ),
+    ],
+)
+def test_load_refuses_bad_manifest(tmp_path: Path, edit: Any, message: str) -> None:
+    path = _save(tmp_path / "c")
+    manifest = path / "manifest.json"
+    manifest.write_text(edit(manifest.read_text()))
+    with pytest.raises(CheckpointError, match=f"{re.escape(str(path))}/.*{message}"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("kind", ["missing", "symlink", "fifo"])
+@pytest.mark.parametrize("name", FILES)
+def test_load_refuses_missing_or_special_files(tmp_path: Path, name: str, kind: str) -> None:
+    path = _save(tmp_path / "c")
+    shutil.move(path / name, tmp_path / "elsewhere")
+    if kind == "symlink":  # same content, so only the symlink check objects
+        (path / name).symlink_to(tmp_path / "elsewhere")
+    elif kind == "fifo":  # opening a FIFO for reading would block without O_NONBLOCK
+        os.mkfifo(path / name)
+    message = {"missing": f"missing {name}.*incomplete", "symlink": f"{name}: is a symlink"}
+    with pytest.raises(CheckpointError, match=message.get(kind, f"{name}: is not a regular")):
+        load_checkpoint(path)
+
+
+def test_load_refuses_extra_files(tmp_path: Path) -> None:
+    path = _save(tmp_path / "c")
+    (path / "notes.txt").write_text("x")
+    (path / "zz").mkdir()
+    with pytest.raises(CheckpointError, match=r"unexpected files notes\.txt, zz"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"step": 1, "epoch": ', "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b'{"step": 1, "step": 2, "epoch": 0, "format_version": 1}', "duplicate key"),
+        (b"[1, 2]", "must hold a JSON object"),
+        (_trainer_json(step="1"), "'step' must be an int"),
+        (_trainer_json(step=True), "'step' must be an int"),
+        (_trainer_json(epoch=-2), "'epoch' must be an int"),
+        (_trainer_json(epoch=0.0), "'epoch' must be an int"),
+        (_trainer_json(format_version=None), "'format_version' must be a positive int"),
+        (_trainer_json(format_version=99), "newer.*upgrade unitrain"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (_trainer_json(x=json.loads("[" * 80 + "]" * 80)), "nested deeper"),
+    ],
+)
+def test_load_refuses_bad_trainer_state(tmp_path: Path, content: bytes, message: str) -> None:
+    path = _save(tmp_path / "c")
+    (path / "trainer.json").write_bytes(content)
+    _resign(path)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_checkpoint(path)
+    assert "trainer.json" in str(info.value)
+
+
+def test_load_refuses_oversized_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_read, "MAX_JSON_BYTES", 100)
+    with pytest.raises(CheckpointError, match=r"manifest\.json: is \d+ bytes, over the 100"):
+        load_checkpoint(_save(tmp_path / "c"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (safetensors.numpy.save({"../escape": np.zeros(2)}), "not allowed"),
+        (safetensors.numpy.save({"a/b": np.zeros(2)}), "not allowed"),
+        (struct.pack("<Q", 2**62) + b"{}", "header too large"),
+        (struct.pack("<Q", 2**20) + b"{}", "not a readable safetensors"),
+        (b"", "not a readable safetensors"),
+        (_raw_safetensors({"w": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}), "BF16"),
+    ],
+)
+def test_load_refuses_bad_safetensors(tmp_path: Path, content: bytes, message: str) -> None:
+    path = _save(tmp_path / "c")
+    (path / "model.safetensors").write_bytes(content)
+    _resign(path)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_checkpoint(path)
+    assert "model.safetensors" in str(info.value)
+
+
+def test_load_without_verify_salvages_but_still_parses(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint directory"):
+        load_checkpoint(tmp_path / "c", verify=False)
+    path = _save(tmp_path / "c")
+    (path / "manifest.json").unlink()
+    (path / "notes.txt").write_text("x")
+    with pytest.raises(CheckpointError):
+        verify_checkpoint(path)
+    assert load_checkpoint(path, verify=False).trainer["step"] == 150
+    (path / "trainer.json").write_text('{"step": -1, "epoch": 0, "format_version": 1}')
+    with pytest.raises(CheckpointError, match="'step' must be an int"):
+        load_checkpoint(path, verify=False)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    name=st.sampled_from(FILES),
+    truncate=st.booleans(),
+    fraction=st.floats(0, 1, exclude_max=True),
+    mask=st.integers(1, 255),
+)
+def test_any_byte_change_or_truncation_is_refused(
+    pristine: Path, name: str, truncate: bool, fraction: float, mask: int
+) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(shutil.copytree(pristine, Path(scratch) / "c"))
+        file = path / name
+        data = bytearray(file.read_bytes())
+        offset = int(fraction * len(data))
+        if truncate:
+            del data[offset:]
+        else:
+            data[offset] ^= mask
+        file.write_bytes(bytes(data))
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(path)
+        # A changed manifest entry is reported against the file it describes.
+        named = FILES if name == "manifest.json" else (name,)
+        assert any(f"{path / file_name}:" in str(info.value) for file_name in named)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save(tmp_path_factory.mktemp("pristine") / "c")
+
+
+# Finding checkpoints
+
+
+def test_checkpoint_name_is_zero_padded_and_sortable() -> None:
+    assert checkpoint_name(3, 150) == "epoch=0003-step=000150"
+    names = [checkpoint_name(epoch, step) for epoch, step in [(0, 9), (1, 10), (10, 100)]]
+    assert sorted(names) == names
+    for bad in [(-1, 0), (0, -1), (True, 0), (0, 1.0)]:
+        with pytest.raises(CheckpointError, match="must be an int >= 0"):
+            checkpoint_name(*bad)  # type: ignore[arg-type]
+
+
+def test_list_checkpoints_orders_by_step_and_ignores_the_rest(tmp_path: Path) -> None:
+    _save(tmp_path / "b", step=5)
+    _save(tmp_path / "a", step=10)
+    _save(tmp_path / "c", step=1)
+    broken = _save(tmp_path / "z-broken", step=99)
+    (broken / "trainer.json").write_text("{")
+    (tmp_path / ".c.tmp-123-abcd").mkdir()
+    (tmp_path / ".c.tmp-123-abcd" / "manifest.json").write_text("{}")
+    shutil.copytree(tmp_path / "a", tmp_path / ".a.old-1-ff")  # "a" exists: a stale leftover
+    shutil.copytree(tmp_path / "a", tmp_path / ".d.del-1-ff")
+    (tmp_path / "not-a-checkpoint").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["z-broken", "c", "b", "a"]
+    assert list_checkpoints(tmp_path / "missing") == []
+
+
+def test_displaced_copy_is_found_after_a_crash_mid_replacement(tmp_path: Path) -> None:
+    path = _save(tmp_path / "last", step=7)
+    displaced = tmp_path / ".last.old-4242-0badc0de"
+    os.rename(path, displaced)  # a crash between the two renames leaves exactly this
+    (tmp_path / ".last.tmp-4242-12345678").mkdir()
+    assert list_checkpoints(tmp_path) == [displaced]
+    assert resolve_checkpoint("latest", tmp_path) == displaced
+    _save(path, step=8)  # the next save installs normally; the leftover is ignored again
+    assert list_checkpoints(tmp_path) == [path]
+
+
+def test_latest_falls_back_past_corrupted_newest(tmp_path: Path) -> None:
+    good = _save(tmp_path / checkpoint_name(0, 10), step=10)
+    newest = _save(tmp_path / checkpoint_name(0, 30), step=30)
+    missing = _save(tmp_path / checkpoint_name(0, 20), step=20)
+    _corrupt(newest, "model.safetensors", "flip")
+    (missing / "optimizer.safetensors").unlink()
+    with pytest.warns(CheckpointWarning) as caught:
+        assert resolve_checkpoint("latest", tmp_path) == good
+    messages = [str(warning.message) for warning in caught]
+    assert len(messages) == 2
+    assert str(newest) in messages[0] and "sha256 mismatch" in messages[0]
+    assert str(missing) in messages[1] and "missing optimizer.safetensors" in messages[1]
+
+
+def test_resolve_refuses_invalid_paths_and_lists_what_latest_tried(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoints to resume"):
+        resolve_checkpoint("latest", tmp_path)
+    path = _save(tmp_path / "c")
+    assert resolve_checkpoint(path, tmp_path / "elsewhere") == path
+    assert resolve_checkpoint(str(path), tmp_path) == path
+    _corrupt(path, "trainer.json", "truncate")
+    with pytest.raises(CheckpointError, match="size mismatch"):
+        resolve_checkpoint(path, tmp_path)
+    with pytest.warns(CheckpointWarning), pytest.raises(CheckpointError) as info:
+        resolve_checkpoint("latest", tmp_path)
+    assert f"Tried, newest first:\n  {path / 'trainer.json'}: size mismatch" in str(info.value)
+
+
+def test_remove_checkpoint(tmp_path: Path) -> None:
+    path = _save(tmp_path / "c")
+    remove_checkpoint(path)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(CheckpointError, match="no checkpoint to remove"):
+        remove_checkpoint(path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.npy").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="refusing to remove"):
+        remove_checkpoint(tmp_path / "data")
+    assert (tmp_path / "data" / "keep.npy").exists()

@@ -1,0 +1,32 @@
+"""Checkpoint storage: one directory per checkpoint, written atomically, verified on load.
+
+A checkpoint directory holds exactly five files:
+
+- ``model.safetensors``, ``optimizer.safetensors`` and ``callbacks.safetensors``: flat
+  ``name -> numpy array`` maps in safetensors format (the last two may be empty; the third
+  holds arrays from callback states, such as early stopping's best weights);
+- ``trainer.json``: the trainer's own state (int ``step`` and ``epoch`` plus whatever else the
+  caller stores) with ``"format_version"`` added;
+- ``manifest.json``: the SHA-256 and size of the other three files.
+
+This layer is pure storage and knows nothing of the Trainer. Nothing here uses pickle, and
+every problem raises :class:`~unitrain.CheckpointError` with a message naming the file.
+"""
+
+from unitrain.checkpoint._discovery import list_checkpoints, resolve_checkpoint
+from unitrain.checkpoint._format import FORMAT_VERSION, CheckpointWarning
+from unitrain.checkpoint._read import Checkpoint, load_checkpoint, verify_checkpoint
+from unitrain.checkpoint._write import checkpoint_name, remove_checkpoint, save_checkpoint
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "CheckpointWarning",
+    "checkpoint_name",
+    "list_checkpoints",
+    "load_checkpoint",
+    "remove_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]

@@ -1,0 +1,143 @@
+"""Finding checkpoints in a directory and choosing the one to resume from."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from unitrain._errors import CheckpointError
+from unitrain.checkpoint._format import (
+    MANIFEST_FILE,
+    MAX_JSON_BYTES,
+    TRAINER_FILE,
+    CheckpointWarning,
+    check_trainer_state,
+    decode_json,
+)
+from unitrain.checkpoint._read import read_file, verify_checkpoint
+from unitrain.checkpoint._write import DISPLACED_PATTERN
+
+__all__ = ["list_checkpoints", "resolve_checkpoint"]
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """Lists the checkpoint directories directly inside ``directory``, oldest first.
+
+    A checkpoint is a subdirectory (not a symlink) holding a ``manifest.json``. Hidden names
+    are skipped, since unfinished writes and deletions live under them, with one exception: a
+    ``.{name}.old-*`` copy displaced by an interrupted replacement is listed while ``name``
+    itself is absent, so a crash mid-replacement never loses the old checkpoint.
+
+    The order is by the ``step`` (then ``epoch``, then name) in each ``trainer.json``, which is
+    only read, not verified. Checkpoints whose trainer state cannot be read come first, by name,
+    so they are tried last when looking for the newest.
+
+    Args:
+        directory: where the checkpoints are; a missing directory has none.
+
+    Returns:
+        The checkpoint paths, ``directory / name``, from oldest to newest.
+
+    Raises:
+        CheckpointError: ``directory`` exists but is not a readable directory.
+
+    Examples:
+        >>> import tempfile
+        >>> list_checkpoints(tempfile.mkdtemp())
+        []
+    """
+    root = Path(directory)
+    if not os.path.lexists(root):
+        return []
+    try:
+        names = os.listdir(root)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{root}: cannot list checkpoints ({exc}); pass the directory checkpoints are in"
+        ) from exc
+    present = set(names)
+    keyed: list[tuple[tuple[int, int, int, str], Path]] = []
+    for name in names:
+        if name.startswith("."):
+            displaced = DISPLACED_PATTERN.fullmatch(name)
+            if displaced is None or displaced["name"] in present:
+                continue
+        candidate = root / name
+        if candidate.is_symlink() or not candidate.is_dir():
+            continue
+        if not os.path.lexists(candidate / MANIFEST_FILE):
+            continue
+        keyed.append((_order_key(candidate), candidate))
+    keyed.sort(key=lambda item: item[0])
+    return [path for _, path in keyed]
+
+
+def resolve_checkpoint(spec: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
+    """Turns a resume request into a verified checkpoint path.
+
+    Args:
+        spec: ``"latest"`` for the newest checkpoint in ``directory`` that verifies, or the path
+            of one checkpoint (relative paths are relative to the working directory, not to
+            ``directory``; write ``./latest`` for a checkpoint named ``latest``).
+        directory: where ``"latest"`` looks; unused for a path.
+
+    Returns:
+        The checkpoint directory to load.
+
+    Raises:
+        CheckpointError: ``spec`` is a path that does not verify, or ``"latest"`` finds no
+            checkpoint that verifies (the message lists each one tried and why it failed).
+
+    Warns:
+        CheckpointWarning: for each newer checkpoint skipped by ``"latest"``, naming it and why.
+
+    Examples:
+        >>> import tempfile
+        >>> from unitrain.checkpoint import save_checkpoint
+        >>> root = tempfile.mkdtemp()
+        >>> for step in (10, 20):
+        ...     _ = save_checkpoint(
+        ...         f"{root}/step{step}", model={}, optimizer={}, trainer={"epoch": 0, "step": step}
+        ...     )
+        >>> resolve_checkpoint("latest", root).name
+        'step20'
+    """
+    if not (isinstance(spec, str) and spec == "latest"):
+        target = Path(spec)
+        verify_checkpoint(target)
+        return target
+    candidates = list_checkpoints(directory)
+    if not candidates:
+        raise CheckpointError(
+            f"{directory}: no checkpoints to resume 'latest' from; start without resuming or "
+            "pass the path of a checkpoint"
+        )
+    failures: list[str] = []
+    for candidate in reversed(candidates):
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError as exc:
+            warnings.warn(
+                f"skipping checkpoint {candidate} when resuming 'latest': {exc}",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+            failures.append(str(exc))  # each message starts with the path
+            continue
+        return candidate
+    raise CheckpointError(
+        f"{directory}: none of its {len(candidates)} checkpoints is valid, so there is nothing "
+        "to resume 'latest' from; start without resuming or restore a checkpoint. Tried, "
+        "newest first:\n  " + "\n  ".join(failures)
+    )
+
+
+def _order_key(checkpoint: Path) -> tuple[int, int, int, str]:
+    """Sorts readable checkpoints by (step, epoch, name), after all unreadable ones by name."""
+    file = checkpoint / TRAINER_FILE
+    try:
+        state = check_trainer_state(decode_json(read_file(file, MAX_JSON_BYTES), file), file)
+    except CheckpointError:
+        return (0, 0, 0, checkpoint.name)
+    return (1, state["step"], state["epoch"], checkpoint.name)

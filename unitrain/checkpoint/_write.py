@@ -1,0 +1,284 @@
+"""Writing and removing checkpoint directories so that a crash never leaves a half-written one.
+
+A checkpoint is staged in a hidden sibling ``.{name}.tmp-{pid}-{random}``, every file and the
+directory are fsynced, and only then is it renamed to its real name. Replacing an existing
+checkpoint ``name`` takes three steps:
+
+1. rename ``name`` to the hidden sibling ``.{name}.old-{pid}-{random}`` (the *displaced* copy);
+2. rename the staged directory to ``name`` and fsync the parent directory;
+3. delete the displaced copy.
+
+A crash before step 1 leaves the old checkpoint at ``name``; after step 2, the new one. A crash
+between steps 1 and 2 leaves no ``name`` at all, and :func:`list_checkpoints` then reports the
+displaced copy in its place, so "latest" still finds the old checkpoint. Leftover ``.tmp-`` and
+``.del-`` directories are ignored by every reader.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+from unitrain._errors import CheckpointError
+from unitrain.checkpoint._format import (
+    ALL_FILES,
+    DATA_FILES,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    CALLBACKS_FILE,
+    OPTIMIZER_FILE,
+    TRAINER_FILE,
+    CheckpointWarning,
+    check_tensor_name,
+    encode_manifest,
+    encode_trainer_state,
+    sha256_hex,
+    to_storable_array,
+)
+
+__all__ = ["DISPLACED_PATTERN", "checkpoint_name", "remove_checkpoint", "save_checkpoint"]
+
+#: Matches the hidden name a checkpoint has while it is being replaced (step 1 above).
+DISPLACED_PATTERN = re.compile(r"\.(?P<name>.+)\.old-[0-9]+-[0-9a-f]+")
+#: Test hook: seconds to sleep after writing each file, so a test can kill a save midway.
+WRITE_DELAY_ENV = "UNITRAIN_CHECKPOINT_WRITE_DELAY"
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    """Returns the directory name for a checkpoint taken at ``epoch`` and global ``step``.
+
+    Zero padding makes names sort in training order up to epoch 9999 and step 999999; past that
+    the names get longer, and :func:`list_checkpoints` still orders by the recorded step.
+
+    Args:
+        epoch: the epoch counter, >= 0.
+        step: the number of optimizer updates applied so far, >= 0.
+
+    Returns:
+        A name such as ``"epoch=0003-step=000150"``.
+
+    Examples:
+        >>> checkpoint_name(3, 150)
+        'epoch=0003-step=000150'
+    """
+    for label, value in (("epoch", epoch), ("step", step)):
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"checkpoint_name: {label} must be an int >= 0, got {value!r}")
+    return f"epoch={epoch:04d}-step={step:06d}"
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: Mapping[str, np.ndarray],
+    optimizer: Mapping[str, np.ndarray],
+    trainer: Mapping[str, Any],
+    callbacks: Mapping[str, np.ndarray] | None = None,
+) -> Path:
+    """Writes one checkpoint directory atomically, replacing any checkpoint already at ``path``.
+
+    Everything is validated and serialised before the disk is touched. Parent directories are
+    created. ``trainer`` must hold int ``"step"`` and ``"epoch"`` >= 0, str keys and JSON values
+    only (tuples come back as lists); ``"format_version"`` is added. For tests that kill a save
+    midway, the environment variable ``UNITRAIN_CHECKPOINT_WRITE_DELAY`` (seconds) makes it
+    sleep after writing each of the files.
+
+    Args:
+        path: the checkpoint directory to create; its name must not start with ``"."``.
+        model: model parameters as numpy arrays under canonical names.
+        optimizer: optimizer state as numpy arrays; may be empty.
+        trainer: the JSON-serialisable trainer state.
+        callbacks: arrays held by callbacks' states, by name; may be empty or None.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        CheckpointError: the state cannot be stored, ``path`` holds something that is not a
+            checkpoint, or writing failed (the OS error is named; a previous checkpoint at
+            ``path`` is left in place).
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> root = Path(tempfile.mkdtemp())
+        >>> saved = save_checkpoint(
+        ...     root / checkpoint_name(0, 10),
+        ...     model={"w": np.ones(3, np.float32)},
+        ...     optimizer={},
+        ...     trainer={"epoch": 0, "step": 10},
+        ... )
+        >>> sorted(p.name for p in saved.iterdir())
+        ['callbacks.safetensors', 'manifest.json', 'model.safetensors', 'optimizer.safetensors', 'trainer.json']
+    """
+    target = Path(path)
+    if not target.name or target.name.startswith("."):
+        raise CheckpointError(
+            f"{target}: a checkpoint name must not be empty or start with '.', since hidden "
+            "names are reserved for unfinished writes; choose another name"
+        )
+    payloads = {
+        MODEL_FILE: _encode_tensors(model, f"{target}: model state"),
+        OPTIMIZER_FILE: _encode_tensors(optimizer, f"{target}: optimizer state"),
+        CALLBACKS_FILE: _encode_tensors(callbacks or {}, f"{target}: callback state"),
+        TRAINER_FILE: encode_trainer_state(trainer, f"{target}: trainer state"),
+    }
+    payloads[MANIFEST_FILE] = encode_manifest(
+        {name: (sha256_hex(payloads[name]), len(payloads[name])) for name in DATA_FILES}
+    )
+    staging = target.parent / _sibling_name(target.name, "tmp")
+    created = False
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _check_is_checkpoint_directory(target, "replace")
+        os.mkdir(staging)
+        created = True
+        for name, data in payloads.items():
+            _write_file(staging / name, data)
+            time.sleep(float(os.environ.get(WRITE_DELAY_ENV) or 0))
+        _fsync_directory(staging)
+        _install(staging, target)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{target}: could not save the checkpoint: {exc}; check free disk space and "
+            f"permissions — a previous checkpoint at {target}, if any, is unchanged"
+        ) from exc
+    finally:
+        if created and os.path.lexists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def remove_checkpoint(path: str | os.PathLike[str]) -> None:
+    """Deletes a checkpoint directory so that a crash midway never leaves a damaged lookalike.
+
+    The directory is first renamed to a hidden ``.{name}.del-{pid}-{random}`` sibling, which
+    every reader ignores, and only then deleted. Directories holding anything other than
+    checkpoint files are refused, so a wrong path cannot delete unrelated data.
+
+    Args:
+        path: the checkpoint directory.
+
+    Raises:
+        CheckpointError: nothing is at ``path``, it is not a checkpoint directory, or the
+            rename failed. A failure to delete the renamed copy only warns.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> root = Path(tempfile.mkdtemp())
+        >>> saved = save_checkpoint(
+        ...     root / "last", model={}, optimizer={}, trainer={"epoch": 0, "step": 0}
+        ... )
+        >>> remove_checkpoint(saved)
+        >>> list(root.iterdir())
+        []
+    """
+    target = Path(path)
+    if not os.path.lexists(target):
+        raise CheckpointError(f"{target}: no checkpoint to remove; check the path")
+    _check_is_checkpoint_directory(target, "remove")
+    trash = target.parent / _sibling_name(target.name, "del")
+    try:
+        os.replace(target, trash)
+        _fsync_directory(target.parent)
+    except OSError as exc:
+        raise CheckpointError(f"{target}: could not remove the checkpoint: {exc}") from exc
+    _remove_tree(trash)
+
+
+def _encode_tensors(state: Mapping[str, np.ndarray], where: str) -> bytes:
+    if not isinstance(state, Mapping):
+        raise CheckpointError(
+            f"{where}: expected a mapping of names to numpy arrays, got {type(state).__name__}"
+        )
+    arrays = {
+        check_tensor_name(name, where): to_storable_array(name, value, where)
+        for name, value in state.items()
+    }
+    try:
+        return bytes(safetensors.numpy.save(arrays))
+    except Exception as exc:  # the library's own error types are not a stable API
+        raise CheckpointError(f"{where}: safetensors could not serialise it: {exc}") from exc
+
+
+def _sibling_name(name: str, kind: str) -> str:
+    return f".{name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _check_is_checkpoint_directory(target: Path, action: str) -> None:
+    """Refuses to replace or remove ``target`` unless it is absent or a checkpoint directory."""
+    if not os.path.lexists(target):
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise CheckpointError(
+            f"{target}: refusing to {action} it: it is a symlink or not a directory, so it is "
+            "not a checkpoint; move it away or choose another path"
+        )
+    unexpected = sorted(set(os.listdir(target)) - ALL_FILES)
+    if unexpected:
+        raise CheckpointError(
+            f"{target}: refusing to {action} it: it holds {unexpected}, which are not "
+            "checkpoint files; move them away or choose another path"
+        )
+
+
+def _write_file(file: Path, data: bytes) -> None:
+    with open(file, "xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Makes renames and new entries in ``directory`` durable (POSIX only; a no-op elsewhere)."""
+    if os.name != "posix":
+        return
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Renames the finished ``staging`` directory to ``target``, displacing an old checkpoint."""
+    if not os.path.lexists(target):
+        os.replace(staging, target)
+        _fsync_directory(target.parent)
+        return
+    displaced = target.parent / _sibling_name(target.name, "old")
+    os.replace(target, displaced)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        try:
+            os.replace(displaced, target)
+        except OSError as restore_error:
+            raise CheckpointError(
+                f"{target}: could not install the new checkpoint nor restore the previous one "
+                f"({restore_error}); the previous checkpoint is at {displaced} — rename it back"
+            ) from restore_error
+        raise
+    _fsync_directory(target.parent)
+    _remove_tree(displaced)
+
+
+def _remove_tree(directory: Path) -> None:
+    try:
+        shutil.rmtree(directory)
+    except OSError as exc:
+        warnings.warn(
+            f"{directory}: could not delete this leftover checkpoint copy ({exc}); it is "
+            "ignored by unitrain and can be deleted by hand",
+            CheckpointWarning,
+            stacklevel=3,
+        )

@@ -203,7 +203,7 @@ def as_batch_source(data: Any, batch_size: int, seed: int, shuffle: bool) -> Bat
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
         return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed)
-    if isinstance(data, Iterable):
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
         return IterableSource(data)
     raise DataError(
         f"cannot train on {type(data).__name__}: pass (inputs, targets) arrays, an "

@@ -102,7 +102,7 @@ class MLP:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable description; :func:`model_from_dict` inverts it."""
-        return {"type": self.kind, **dataclasses.asdict(self)}
+        return {"type": self.kind, **dataclasses.asdict(self), "sizes": list(self.sizes)}
 
 
 def model_from_dict(data: dict[str, Any]) -> MLP:

@@ -7,7 +7,7 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from unitrain.callbacks._base import Callback
 
@@ -18,7 +18,8 @@ __all__ = ["CSVLogger", "JSONLLogger"]
 
 
 class _EpochFileLogger(Callback):
-    """Appends one line per epoch and flushes it, so a kill loses at most the line in flight.
+    """Appends one line per epoch and closes the file again, so a kill loses at most the
+    line in flight and no handle outlives an interrupted run.
 
     The file's length after each line is part of the callback's checkpoint state; a resumed
     run cuts the file back to that length first, so epochs re-run after the checkpoint are
@@ -28,45 +29,25 @@ class _EpochFileLogger(Callback):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._offset = 0
-        self._file: IO[str] | None = None
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self._close()
         self._offset = 0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._close()
         self._offset = int(state.get("offset", 0))
         self._restore_extra(state)
 
     def state_dict(self) -> dict[str, Any]:
         return {"offset": self._offset, **self._extra_state()}
 
-    def _open(self) -> IO[str]:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self._offset and self.path.exists():
-                self._file = open(self.path, "r+", encoding="utf-8", newline="")  # noqa: SIM115
-                self._file.truncate(self._offset)
-                self._file.seek(self._offset)
-            else:
-                self._offset = 0
-                self._file = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
-        return self._file
-
     def _write(self, text: str) -> None:
-        handle = self._open()
-        handle.write(text)
-        handle.flush()
-        self._offset = handle.tell()
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        self._close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        resuming = self._offset > 0 and self.path.exists()
+        with open(self.path, "r+" if resuming else "w", encoding="utf-8", newline="") as handle:
+            handle.truncate(self._offset if resuming else 0)
+            handle.seek(self._offset if resuming else 0)
+            handle.write(text)
+            self._offset = handle.tell()
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

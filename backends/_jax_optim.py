@@ -1,0 +1,212 @@
+"""Optimizers of the JAX backend: optax where it matches the reference, by hand where not.
+
+SGD is optax's own ``chain(add_decayed_weights(wd), sgd(lr, momentum, nesterov))``: its
+``trace`` is torch's ``b = mu * b + g`` (and ``g + mu * b`` for Nesterov), so it equals the
+reference of :mod:`unitrain.optim`. Adam and AdamW are :func:`torch_adam`, because
+``optax.adam`` computes ``1 - b2**t`` from a float32 ``b2`` (0.999 rounds to 0.99900001), a
+1.3e-5 relative error in the bias correction that drifts 2.7e-6 from the float64 reference
+over 100 steps.
+
+Both are wrapped in :func:`optax.inject_hyperparams`, so the learning rate is a float32
+leaf of the optimizer state that the jitted step overwrites with its traced ``lr`` argument:
+a new learning rate every step never recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from unitrain import optim
+
+__all__ = [
+    "TorchAdamState",
+    "build_optimizer",
+    "export_slots",
+    "guarded_update",
+    "import_slots",
+    "torch_adam",
+]
+
+
+class TorchAdamState(NamedTuple):
+    """State of :func:`torch_adam`: updates applied, first and second moments."""
+
+    count: jax.Array
+    exp_avg: Any
+    exp_avg_sq: Any
+
+
+def _log_beta(beta: float) -> np.float32:
+    # log(0) is -inf, and -expm1(t * -inf) = 1 is exactly 1 - 0**t for t >= 1.
+    return np.float32(math.log(beta) if beta > 0 else -math.inf)
+
+
+def torch_adam(
+    learning_rate: Any,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+) -> optax.GradientTransformation:
+    """Adam (L2 weight decay) or AdamW (decoupled) with torch's formulas, as an optax transform.
+
+    The bias corrections are computed in-graph as ``1 - b**t = -expm1(t * log(b))`` with
+    ``log(b)`` taken in float64 on the host: within 3.3e-7 relative of the float64 value for
+    every ``t`` up to 200,000 (measured; ``1 - float32(b)**t`` is 2e-5 off for b = 0.999),
+    and no host round trip is needed to know how many updates were skipped.
+
+    Args:
+        learning_rate: the step size (a traced float32 scalar under ``inject_hyperparams``).
+        beta1: decay of the first moment.
+        beta2: decay of the second moment.
+        eps: added to ``sqrt(v) / sqrt(1 - beta2**t)``.
+        weight_decay: L2 term added to the gradient (Adam) or decoupled decay (AdamW).
+        decoupled: AdamW's ``p -= lr * (u + wd * p)`` instead of Adam's coupled L2 term.
+
+    Returns:
+        The transformation; its updates are added to the parameters by
+        :func:`optax.apply_updates`.
+    """
+    log_beta1, log_beta2 = _log_beta(beta1), _log_beta(beta2)
+
+    def init(params: Any) -> TorchAdamState:
+        return TorchAdamState(
+            count=jnp.zeros((), jnp.int32),
+            exp_avg=jax.tree.map(jnp.zeros_like, params),
+            exp_avg_sq=jax.tree.map(jnp.zeros_like, params),
+        )
+
+    def update(grads: Any, state: TorchAdamState, params: Any = None) -> tuple[Any, Any]:
+        count = state.count + 1
+        t = count.astype(jnp.float32)
+        bias_correction1 = -jnp.expm1(t * log_beta1)
+        sqrt_bias_correction2 = jnp.sqrt(-jnp.expm1(t * log_beta2))
+
+        # Same operations in the same order as unitrain.optim._adam_update.
+        if weight_decay and not decoupled:
+            grads = jax.tree.map(lambda g, p: g + weight_decay * p, grads, params)
+        exp_avg = jax.tree.map(lambda m, g: beta1 * m + (1.0 - beta1) * g, state.exp_avg, grads)
+        exp_avg_sq = jax.tree.map(
+            lambda v, g: beta2 * v + (1.0 - beta2) * (g * g), state.exp_avg_sq, grads
+        )
+
+        def step(m: jax.Array, v: jax.Array, p: jax.Array) -> jax.Array:
+            direction = (m / bias_correction1) / (jnp.sqrt(v) / sqrt_bias_correction2 + eps)
+            if decoupled and weight_decay:
+                direction = direction + weight_decay * p
+            return -learning_rate * direction
+
+        updates = jax.tree.map(step, exp_avg, exp_avg_sq, params)
+        return updates, TorchAdamState(count, exp_avg, exp_avg_sq)
+
+    return optax.GradientTransformation(init, update)
+
+
+def build_optimizer(spec: optim.Optimizer) -> optax.GradientTransformation:
+    """The optax transformation for ``spec``, with the learning rate as an injected state leaf.
+
+    Examples:
+        >>> opt = build_optimizer(optim.SGD(momentum=0.9))
+        >>> state = opt.init({"w": jnp.zeros(2)})
+        >>> float(state.hyperparams["learning_rate"])
+        0.0
+    """
+    if isinstance(spec, optim.Adam):
+
+        def factory(learning_rate: Any) -> optax.GradientTransformation:
+            return torch_adam(
+                learning_rate,
+                beta1=spec.beta1,
+                beta2=spec.beta2,
+                eps=spec.eps,
+                weight_decay=spec.weight_decay,
+                decoupled=isinstance(spec, optim.AdamW),
+            )
+
+    else:
+
+        def factory(learning_rate: Any) -> optax.GradientTransformation:
+            # Leaving out a zero decay and a zero momentum keeps the arithmetic (and the
+            # state) exactly the reference's, which skips both when they are zero.
+            parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
+            momentum = spec.momentum or None
+            parts.append(optax.sgd(learning_rate, momentum=momentum, nesterov=spec.nesterov))
+            return optax.chain(*parts)
+
+    # A strongly typed float32 initial value: a weakly typed one would change the state's
+    # type after the first step and cost one retrace.
+    return optax.inject_hyperparams(factory)(learning_rate=np.float32(0.0))
+
+
+def guarded_update(
+    optimizer: optax.GradientTransformation,
+    params: Any,
+    opt_state: Any,
+    grads: Any,
+    lr: jax.Array,
+    clip_norm: float | None,
+) -> tuple[Any, Any, jax.Array]:
+    """Clip, update at ``lr``, and keep the old values if the gradient norm is not finite.
+
+    The clip coefficient is torch's ``max_norm / (norm + 1e-6)`` clamped at one. Everything
+    stays on the device: the non-finite check is a ``jnp.where`` on every leaf, so no step
+    waits for the host.
+
+    Returns:
+        ``(params, opt_state, finite)`` where ``finite`` is a boolean scalar.
+    """
+    leaves = jax.tree.leaves(grads)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+    finite = jnp.isfinite(norm)
+    if clip_norm is not None:
+        coefficient = jnp.minimum(clip_norm / (norm + optim.CLIP_EPSILON), 1.0)
+        grads = jax.tree.map(lambda g: g * coefficient, grads)
+    opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
+    updates, new_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), finite
+
+
+#: Canonical state suffix -> field of the optax state node that holds it.
+_SLOT_FIELDS = {"momentum": "trace", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+_SLOT_NODES = (optax.TraceState, TorchAdamState)
+
+
+def _is_slot_node(node: Any) -> bool:
+    return isinstance(node, _SLOT_NODES)
+
+
+def export_slots(spec: optim.Optimizer, opt_state: Any) -> dict[str, Any]:
+    """Canonical per-parameter optimizer state: ``{suffix: params-shaped pytree}``."""
+    nodes = [
+        n for n in jax.tree.leaves(opt_state, is_leaf=_is_slot_node) if _is_slot_node(n)
+    ]
+    slots = {}
+    for suffix in spec.state_suffixes:
+        field = _SLOT_FIELDS[suffix]
+        slots[suffix] = next(getattr(n, field) for n in nodes if hasattr(n, field))
+    return slots
+
+
+def import_slots(opt_state: Any, slots: Mapping[str, Any], step: jax.Array) -> Any:
+    """``opt_state`` with its moment buffers replaced by ``slots`` and its counters by ``step``."""
+
+    def replace(node: Any) -> Any:
+        if isinstance(node, optax.TraceState):
+            return node._replace(trace=slots["momentum"])
+        if isinstance(node, TorchAdamState):
+            return TorchAdamState(step, slots["exp_avg"], slots["exp_avg_sq"])
+        return node
+
+    opt_state = jax.tree.map(replace, opt_state, is_leaf=_is_slot_node)
+    return opt_state._replace(count=step)

@@ -1,0 +1,269 @@
+"""The Trainer's loop: accuracy, accumulation, clipping, non-finite policies, evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from unitrain import (
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    Trainer,
+    TrainerConfig,
+    models,
+    optim,
+    schedules,
+)
+from unitrain.backend import BackendOptions
+from unitrain.backends.numpy import NumpyBackend
+from unitrain.recipes import default_trainer, load_digits
+
+from _backends import backend_param
+
+BACKENDS = ["numpy", "torch"]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def small_data(n=64, features=4, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    y = (np.abs(x[:, 0] * 2).astype(np.int64)) % classes
+    return x, y
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_default_recipe_reaches_95_percent_in_10_epochs(backend):
+    trainer, train, val = default_trainer(backend=backend, epochs=10, progress=False)
+    history = trainer.fit(train, val)
+    assert max(row["val_accuracy"] for row in history) >= 0.95
+    assert history[-1]["loss"] < history[0]["loss"] / 5
+    assert len(history) <= 10
+
+
+def test_history_rows_and_validate_test(digits):
+    trainer = Trainer(models.MLP((64, 16, 10)), backend="numpy", config=TrainerConfig(epochs=2))
+    history = trainer.fit((digits.x_train, digits.y_train), (digits.x_val, digits.y_val))
+    assert [row["epoch"] for row in history] == [0, 1]
+    assert history[-1]["step"] == 2 * math.ceil(len(digits.x_train) / 32)
+    assert set(history[0]) >= {"loss", "val_loss", "val_accuracy", "lr", "seconds", "step"}
+    metrics = trainer.validate((digits.x_val, digits.y_val))
+    assert metrics["val_loss"] == pytest.approx(history[-1]["val_loss"], rel=1e-12)
+    assert set(trainer.test((digits.x_val, digits.y_val))) == {"test_loss", "test_accuracy"}
+
+
+def test_evaluation_is_example_weighted():
+    """A last, smaller batch counts by its size, so batch size does not change the mean."""
+    x, y = small_data(n=50)
+    means = []
+    for batch_size in (7, 50):
+        trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(batch_size=batch_size))
+        means.append(trainer.validate((x, y))["val_loss"])
+    assert means[0] == pytest.approx(means[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_accumulation_equals_one_large_batch(backend):
+    """k micro-batches of n, weighted by size, give the update of one batch of k*n."""
+    x, y = small_data(n=48)
+    results = []
+    for accum, batch in ((1, 48), (3, 16), (4, 12)):
+        config = TrainerConfig(epochs=1, batch_size=batch, grad_accum_steps=accum, dtype="float64", device="cpu")
+        trainer = Trainer(models.MLP((4, 8, 3)), backend=backend, optimizer=optim.Adam(), schedule=schedules.Constant(0.01), config=config)
+        trainer.fit(__import__("unitrain").ArrayLoader(x, y, batch, shuffle=False))
+        assert trainer.state.step == 1
+        results.append(trainer.backend.state_dict())
+    for other in results[1:]:
+        for key in results[0]:
+            np.testing.assert_allclose(other[key], results[0][key], rtol=1e-12, atol=1e-15)
+
+
+def test_uneven_accumulation_weights_micro_batches_by_size():
+    """50 examples, batch 16, accumulate 4: one update from batches of 16, 16, 16 and 2."""
+    x, y = small_data(n=50)
+    states = []
+    for batch, accum in ((50, 1), (16, 4)):
+        config = TrainerConfig(epochs=1, batch_size=batch, grad_accum_steps=accum, dtype="float64")
+        trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=config)
+        from unitrain import ArrayLoader
+
+        trainer.fit(ArrayLoader(x, y, batch, shuffle=False))
+        states.append(trainer.backend.state_dict())
+    for key in states[0]:
+        np.testing.assert_allclose(states[1][key], states[0][key], rtol=1e-12, atol=1e-15)
+
+
+def test_clipping_limits_the_update_norm():
+    x, y = small_data()
+    x = x * 1000  # huge gradients
+    before = NumpyBackend(models.MLP((4, 8, 3))).state_dict()
+    config = TrainerConfig(epochs=1, batch_size=64, grad_clip_norm=0.5)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=schedules.Constant(1.0), config=config)
+    trainer.fit((x, y))
+    after = trainer.backend.state_dict()
+    moved = math.sqrt(sum(np.sum((after[k] - before[k]) ** 2) for k in before if k.startswith("model.")))
+    assert moved == pytest.approx(0.5, rel=1e-5)  # plain SGD, lr 1: the step is the clipped grad
+
+
+class NaNAt:
+    """Makes the inputs of one batch NaN, by position in the epoch."""
+
+    def __init__(self, x, y, batch_size, bad_batches):
+        self.x, self.y, self.batch_size, self.bad = x, y, batch_size, set(bad_batches)
+        self.exact_resume = True
+
+    def __len__(self):
+        return len(self.x) // self.batch_size
+
+    def batches(self, epoch, start=0):
+        for i in range(start, len(self)):
+            xb = self.x[i * self.batch_size : (i + 1) * self.batch_size].copy()
+            if (epoch, i) in self.bad:
+                xb[0, 0] = np.nan
+            yield xb, self.y[i * self.batch_size : (i + 1) * self.batch_size]
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_nonfinite_skip_batch_leaves_weights_of_the_bad_step_untouched(backend):
+    x, y = small_data(n=64)
+    clean = NaNAt(x, y, 16, bad_batches=[])
+    poisoned = NaNAt(x, y, 16, bad_batches=[(0, 2)])
+    config = TrainerConfig(epochs=1, nonfinite="skip_batch", log_every_n_steps=1, device="cpu")
+
+    def run(data, stop_after):
+        trainer = Trainer(models.MLP((4, 8, 3)), backend=backend, config=config)
+        trainer.fit(NaNAt(data.x[: stop_after * 16], data.y[: stop_after * 16], 16, data.bad))
+        return trainer
+
+    reference = run(clean, 2)  # the two good steps before the bad one
+    skipped = run(poisoned, 3)  # the same two, then the bad one, skipped
+    assert skipped.skipped_steps == 1
+    assert skipped.history[-1]["skipped_steps"] == 1
+    for key, value in reference.backend.state_dict().items():
+        if key != "optimizer.step":
+            np.testing.assert_array_equal(skipped.backend.state_dict()[key], value)
+    full = run(poisoned, 4)
+    assert all(np.isfinite(v).all() for v in full.backend.state_dict().values())
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_nonfinite_raise_names_the_step_and_keeps_weights_finite(backend):
+    x, y = small_data(n=64)
+    config = TrainerConfig(epochs=1, nonfinite="raise", log_every_n_steps=1, device="cpu")
+    trainer = Trainer(models.MLP((4, 8, 3)), backend=backend, config=config)
+    with pytest.raises(NonFiniteError, match="up to step 2"):
+        trainer.fit(NaNAt(x, y, 16, bad_batches=[(0, 1)]))
+    assert all(np.isfinite(v).all() for v in trainer.backend.state_dict().values())
+
+
+def test_nonfinite_stop_ends_training_with_a_warning():
+    x, y = small_data(n=64)
+    config = TrainerConfig(epochs=3, nonfinite="stop", log_every_n_steps=1)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=config)
+    with pytest.warns(UserWarning, match="stopping: non-finite"):
+        history = trainer.fit(NaNAt(x, y, 16, bad_batches=[(1, 0)]))
+    assert len(history) == 2 and trainer.state.stop_training
+    assert trainer.state.step == 5
+
+
+def test_lr_factor_and_schedule_drive_the_update():
+    x, y = small_data()
+    schedule = schedules.LinearDecay(0.2, 0.0, 4)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=schedule, config=TrainerConfig(epochs=2, batch_size=32, log_every_n_steps=1))
+    seen = []
+    trainer.callbacks.hooks["on_batch_end"].append(lambda t, b, logs: seen.append(logs["lr"]))
+    trainer.fit((x, y))
+    assert seen == [schedule(s) for s in range(4)]
+
+
+def test_a_native_iterable_trains_like_an_array_loader():
+    x, y = small_data(n=64)
+    from unitrain import ArrayLoader
+
+    loader = ArrayLoader(x, y, 16, shuffle=False)
+    results = []
+    for data in (loader, list(loader.batches(0))):
+        trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(epochs=2))
+        trainer.fit(data)
+        results.append(trainer.backend.state_dict())
+    for key in results[0]:
+        np.testing.assert_array_equal(results[0][key], results[1][key])
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        ((np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), DataError, "empty"),
+        ((np.zeros((5, 4), np.float32), np.zeros(4, np.int64)), DataError, "ragged"),
+        ((np.zeros((5, 3), np.float32), np.zeros(5, np.int64)), DataError, "expects 4 features"),
+        ((np.full((5, 4), np.nan, np.float32), np.zeros(5, np.int64)), DataError, "NaN"),
+        ((np.zeros((5, 4), np.float32), np.full(5, 3, np.int64)), DataError, r"labels in \[3, 3\]"),
+        ((np.zeros((5, 4), np.float32), np.zeros(5, np.float32)), DataError, "integer class labels"),
+        ("not data", DataError, "cannot train on str"),
+        (iter([]), DataError, "one-shot iterator"),
+    ],
+)
+def test_bad_data_fails_before_training(data, error, message):
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy")
+    with pytest.raises(error, match=message):
+        trainer.fit(data)
+    assert trainer.state.step == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"epochs": 2.5}, "epochs"),
+        ({"grad_accum_steps": -1}, "grad_accum_steps"),
+        ({"grad_clip_norm": -1.0}, "grad_clip_norm"),
+        ({"grad_clip_norm": float("nan")}, "grad_clip_norm"),
+        ({"device": "tpu"}, "device"),
+        ({"nonfinite": "ignore"}, "nonfinite"),
+        ({"seed": -3}, "seed"),
+        ({"batch_size": True}, "batch_size"),
+    ],
+)
+def test_bad_config_is_refused_with_the_field_name(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainerConfig(**kwargs)
+
+
+def test_schedule_must_be_a_schedule_object():
+    with pytest.raises(ConfigError, match="schedules.Constant"):
+        Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=0.1)
+
+
+def test_trainer_accepts_a_built_backend_instance():
+    backend = NumpyBackend(models.MLP((4, 8, 3)), BackendOptions(seed=3))
+    trainer = Trainer(models.MLP((4, 8, 3)), backend=backend)
+    assert trainer.backend is backend
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_same_seed_twice_is_bit_identical_and_seeds_differ(backend):
+    x, y = small_data()
+    states = []
+    for seed in (0, 0, 1):
+        config = TrainerConfig(epochs=2, batch_size=16, seed=seed, device="cpu")
+        trainer = Trainer(models.MLP((4, 8, 3), dropout=0.3), backend=backend, optimizer=optim.AdamW(), schedule=schedules.Constant(1e-2), config=config)
+        trainer.fit((x, y))
+        states.append(trainer.backend.state_dict())
+    assert all(np.array_equal(states[0][k], states[1][k]) for k in states[0])
+    assert not all(np.array_equal(states[0][k], states[2][k]) for k in states[0])
+
+
+def test_mse_regression_trains():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 3)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32)).astype(np.float32)
+    trainer = Trainer(models.MLP((3, 16, 1), activation="tanh"), backend="numpy", loss="mse", optimizer=optim.Adam(), schedule=schedules.Constant(0.01), config=TrainerConfig(epochs=20))
+    history = trainer.fit((x, y), (x, y))
+    assert history[-1]["val_loss"] < 0.05 * history[0]["val_loss"]
+    assert "val_accuracy" not in history[-1]

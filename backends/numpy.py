@@ -52,6 +52,11 @@ class NumpyBackend:
     name = "numpy"
     capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"))
 
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """Always the CPU."""
+        return ("cpu",)
+
     def __init__(self, model: MLP, options: BackendOptions | None = None) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(
@@ -59,10 +64,13 @@ class NumpyBackend:
             )
         self.options = options = options or BackendOptions()
         if options.device not in ("cpu", "auto"):
-            raise ConfigError(f"the numpy backend runs on 'cpu' only, got device={options.device!r}")
+            raise ConfigError(
+                f"the numpy backend runs on 'cpu' only, got device={options.device!r}"
+            )
         if options.dtype not in self.capabilities.dtypes:
             raise ConfigError(
-                f"the numpy backend trains in {self.capabilities.dtypes}, got dtype={options.dtype!r}"
+                f"the numpy backend trains in {self.capabilities.dtypes}, "
+                f"got dtype={options.dtype!r}"
             )
         if options.loss not in ("cross_entropy", "mse"):
             raise ConfigError(f"unknown loss {options.loss!r}; choose 'cross_entropy' or 'mse'")

@@ -72,11 +72,18 @@ class TorchBackend:
         devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
     )
 
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The devices torch can use on this machine."""
+        return ("cpu", "gpu") if torch.cuda.is_available() else ("cpu",)
+
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()
         self.torch_device = _resolve_device(options.device)
         if options.dtype not in _DTYPES:
-            raise ConfigError(f"the torch backend trains in {tuple(_DTYPES)}, got {options.dtype!r}")
+            raise ConfigError(
+                f"the torch backend trains in {tuple(_DTYPES)}, got {options.dtype!r}"
+            )
         self.dtype = _DTYPES[options.dtype]
         if options.deterministic:
             _make_deterministic(self.torch_device)
@@ -201,7 +208,9 @@ class TorchBackend:
         self.module.eval()
         with torch.no_grad():
             out = self.module(x)
-            metrics = {"loss": self.loss_fn(out, y if self.classification else y.reshape(out.shape))}
+            metrics = {
+                "loss": self.loss_fn(out, y if self.classification else y.reshape(out.shape))
+            }
             if self.classification:
                 metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
         return metrics
@@ -222,9 +231,7 @@ class TorchBackend:
                 tensors[f"{name}.exp_avg"] = state.get("exp_avg")
                 tensors[f"{name}.exp_avg_sq"] = state.get("exp_avg_sq")
             elif spec.momentum:
-                tensors[f"{name}.momentum"] = self.optimizer.state.get(p, {}).get(
-                    "momentum_buffer"
-                )
+                tensors[f"{name}.momentum"] = self.optimizer.state.get(p, {}).get("momentum_buffer")
         return tensors
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -330,11 +337,17 @@ def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch
         if isinstance(spec, optim.AdamW):
             return torch.optim.SGD(params, lr=0.0)
         return torch.optim.Adam(
-            params, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.eps,
+            params,
+            lr=0.0,
+            betas=(spec.beta1, spec.beta2),
+            eps=spec.eps,
             weight_decay=spec.weight_decay,
         )
     return torch.optim.SGD(
-        params, lr=0.0, momentum=spec.momentum, nesterov=spec.nesterov,
+        params,
+        lr=0.0,
+        momentum=spec.momentum,
+        nesterov=spec.nesterov,
         weight_decay=spec.weight_decay,
     )
 

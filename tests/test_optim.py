@@ -38,7 +38,10 @@ def lr_at(step: int) -> float:
 def gradients(seed: int, shapes: dict[str, tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [
-        {k: rng.normal(scale=rng.uniform(0.01, 2.0), size=s).astype(np.float32) for k, s in shapes.items()}
+        {
+            k: rng.normal(scale=rng.uniform(0.01, 2.0), size=s).astype(np.float32)
+            for k, s in shapes.items()
+        }
         for _ in range(STEPS)
     ]
 
@@ -82,7 +85,9 @@ def test_adam_first_step_moves_by_lr():
 def test_adamw_decay_is_decoupled_from_moments():
     params = {"w": np.full(2, 2.0)}
     state = optim.init_state(optim.AdamW(weight_decay=0.5), params)
-    optim.apply_update(optim.AdamW(weight_decay=0.5, eps=0.0), params, {"w": np.zeros(2) + 1e-30}, state, 0.1)
+    optim.apply_update(
+        optim.AdamW(weight_decay=0.5, eps=0.0), params, {"w": np.zeros(2) + 1e-30}, state, 0.1
+    )
     # u = 1 (normalised gradient), decay term 0.5 * 2 = 1: p = 2 - 0.1 * (1 + 1)
     np.testing.assert_allclose(params["w"], [1.8, 1.8], rtol=1e-12)
     assert np.all(state["w.exp_avg"] < 1e-29)

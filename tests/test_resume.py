@@ -18,12 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim, schedules
-from unitrain.checkpoint import list_checkpoints, load_checkpoint
-from unitrain.recipes import load_digits
-
 from _backends import backend_param
+
+from unitrain import (
+    CheckpointError,
+    ConfigError,
+    Trainer,
+    TrainerConfig,
+    callbacks,
+    models,
+    optim,
+    schedules,
+)
+from unitrain.checkpoint import list_checkpoints
+from unitrain.recipes import load_digits
 
 BACKENDS = [backend_param(b) for b in ("numpy", "torch")]
 EPOCHS = 6
@@ -57,10 +65,14 @@ def make_trainer(backend, out: Path, extra=(), dropout=0.2, optimizer=None):
         callbacks.ReduceLROnPlateau("val_loss", min_delta=0.1, patience=1, factor=0.5),
         callbacks.JSONLLogger(out / "metrics.jsonl"),
         callbacks.LRMonitor("step"),
-        callbacks.ModelCheckpoint(out / "ckpt", every_n_epochs=1, every_n_steps=5, keep_last=4, monitor="val_accuracy"),
+        callbacks.ModelCheckpoint(
+            out / "ckpt", every_n_epochs=1, every_n_steps=5, keep_last=4, monitor="val_accuracy"
+        ),
         *extra,
     ]
-    config = TrainerConfig(epochs=EPOCHS, seed=7, device="cpu", log_every_n_steps=4, checkpoint_dir=str(out / "ckpt"))
+    config = TrainerConfig(
+        epochs=EPOCHS, seed=7, device="cpu", log_every_n_steps=4, checkpoint_dir=str(out / "ckpt")
+    )
     return Trainer(
         models.MLP((64, 32, 10), dropout=dropout),
         backend=backend,
@@ -93,7 +105,15 @@ def assert_same(a, b):
     assert a["state"].keys() == b["state"].keys()
     for key in a["state"]:
         assert np.array_equal(a["state"][key], b["state"][key]), key
-    for key in ("history", "metrics_file", "stopped_epoch", "best_epoch", "lr_factor", "lrs", "checkpoints"):
+    for key in (
+        "history",
+        "metrics_file",
+        "stopped_epoch",
+        "best_epoch",
+        "lr_factor",
+        "lrs",
+        "checkpoints",
+    ):
         assert a[key] == b[key], key
 
 
@@ -111,7 +131,9 @@ def uninterrupted(digits, tmp_path_factory):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("stop_step", [12, 24, 31, 43])  # epoch ends and mid-epoch steps
-def test_resume_after_interruption_is_bit_exact(backend, stop_step, digits, tmp_path, uninterrupted):
+def test_resume_after_interruption_is_bit_exact(
+    backend, stop_step, digits, tmp_path, uninterrupted
+):
     first = make_trainer(backend, tmp_path, extra=[InterruptAt(stop_step)])
     with pytest.raises(Interrupt):
         first.fit(digits[:2], digits[2:])
@@ -156,7 +178,11 @@ def test_resume_of_a_finished_run_warns_and_keeps_the_result(digits, tmp_path, u
 def test_resume_with_another_model_is_refused(digits, tmp_path):
     with pytest.raises(Interrupt):
         make_trainer("numpy", tmp_path, extra=[InterruptAt(13)]).fit(digits[:2], digits[2:])
-    other = Trainer(models.MLP((64, 16, 10)), backend="numpy", config=TrainerConfig(checkpoint_dir=str(tmp_path / "ckpt")))
+    other = Trainer(
+        models.MLP((64, 16, 10)),
+        backend="numpy",
+        config=TrainerConfig(checkpoint_dir=str(tmp_path / "ckpt")),
+    )
     with pytest.raises(CheckpointError, match="written for model"):
         other.fit(digits[:2], resume="latest")
 
@@ -169,10 +195,20 @@ def test_resume_with_another_optimizer_is_refused(digits, tmp_path):
         other.fit(digits[:2], digits[2:], resume="latest")
 
 
-def test_resume_latest_without_checkpoints_is_a_clear_error(tmp_path):
-    trainer = Trainer(models.MLP((64, 16, 10)), backend="numpy", config=TrainerConfig(checkpoint_dir=str(tmp_path)))
-    with pytest.raises(CheckpointError):
-        trainer.fit((np.zeros((4, 64), np.float32), np.zeros(4, np.int64)), resume="latest")
+def test_resume_latest_without_any_checkpoint_starts_fresh(tmp_path):
+    """An auto-resuming job's first run finds nothing to resume: it warns and trains."""
+    data = (np.zeros((4, 64), np.float32), np.zeros(4, np.int64))
+    trainer = Trainer(
+        models.MLP((64, 16, 10)),
+        backend="numpy",
+        config=TrainerConfig(epochs=1, checkpoint_dir=str(tmp_path)),
+    )
+    with pytest.warns(UserWarning, match="starting from scratch"):
+        trainer.fit(data, resume="latest")
+    assert trainer.state.epoch == 1
+    without_dir = Trainer(models.MLP((64, 16, 10)), backend="numpy")
+    with pytest.raises(ConfigError, match="checkpoint_dir"):
+        without_dir.fit(data, resume="latest")
 
 
 def test_corrupted_checkpoint_is_refused_and_latest_falls_back(digits, tmp_path):
@@ -184,7 +220,7 @@ def test_corrupted_checkpoint_is_refused_and_latest_falls_back(digits, tmp_path)
         byte = handle.read(1)
         handle.seek(200)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         make_trainer("numpy", tmp_path).fit(digits[:2], digits[2:], resume=newest)
     fallback = make_trainer("numpy", tmp_path)
     with pytest.warns(UserWarning, match="skip"):
@@ -245,4 +281,6 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_exact(backend, tmp_path, un
     for key, value in uninterrupted[backend]["state"].items():
         assert np.array_equal(final[key], value), f"{key} differs after a kill at step {kill_step}"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [r["epoch"] for r in uninterrupted[backend]["metrics_file"]]
+    assert [r["epoch"] for r in rows] == [
+        r["epoch"] for r in uninterrupted[backend]["metrics_file"]
+    ]

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from _backends import backend_param
+from unitrain.backends.numpy import NumpyBackend
 
 from unitrain import (
     ConfigError,
@@ -18,10 +20,7 @@ from unitrain import (
     schedules,
 )
 from unitrain.backend import BackendOptions
-from unitrain.backends.numpy import NumpyBackend
 from unitrain.recipes import default_trainer, load_digits
-
-from _backends import backend_param
 
 BACKENDS = ["numpy", "torch"]
 
@@ -63,7 +62,9 @@ def test_evaluation_is_example_weighted():
     x, y = small_data(n=50)
     means = []
     for batch_size in (7, 50):
-        trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(batch_size=batch_size))
+        trainer = Trainer(
+            models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(batch_size=batch_size)
+        )
         means.append(trainer.validate((x, y))["val_loss"])
     assert means[0] == pytest.approx(means[1], rel=1e-6)
 
@@ -74,8 +75,16 @@ def test_accumulation_equals_one_large_batch(backend):
     x, y = small_data(n=48)
     results = []
     for accum, batch in ((1, 48), (3, 16), (4, 12)):
-        config = TrainerConfig(epochs=1, batch_size=batch, grad_accum_steps=accum, dtype="float64", device="cpu")
-        trainer = Trainer(models.MLP((4, 8, 3)), backend=backend, optimizer=optim.Adam(), schedule=schedules.Constant(0.01), config=config)
+        config = TrainerConfig(
+            epochs=1, batch_size=batch, grad_accum_steps=accum, dtype="float64", device="cpu"
+        )
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            optimizer=optim.Adam(),
+            schedule=schedules.Constant(0.01),
+            config=config,
+        )
         trainer.fit(__import__("unitrain").ArrayLoader(x, y, batch, shuffle=False))
         assert trainer.state.step == 1
         results.append(trainer.backend.state_dict())
@@ -104,10 +113,14 @@ def test_clipping_limits_the_update_norm():
     x = x * 1000  # huge gradients
     before = NumpyBackend(models.MLP((4, 8, 3))).state_dict()
     config = TrainerConfig(epochs=1, batch_size=64, grad_clip_norm=0.5)
-    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=schedules.Constant(1.0), config=config)
+    trainer = Trainer(
+        models.MLP((4, 8, 3)), backend="numpy", schedule=schedules.Constant(1.0), config=config
+    )
     trainer.fit((x, y))
     after = trainer.backend.state_dict()
-    moved = math.sqrt(sum(np.sum((after[k] - before[k]) ** 2) for k in before if k.startswith("model.")))
+    moved = math.sqrt(
+        sum(np.sum((after[k] - before[k]) ** 2) for k in before if k.startswith("model."))
+    )
     assert moved == pytest.approx(0.5, rel=1e-5)  # plain SGD, lr 1: the step is the clipped grad
 
 
@@ -175,7 +188,12 @@ def test_nonfinite_stop_ends_training_with_a_warning():
 def test_lr_factor_and_schedule_drive_the_update():
     x, y = small_data()
     schedule = schedules.LinearDecay(0.2, 0.0, 4)
-    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=schedule, config=TrainerConfig(epochs=2, batch_size=32, log_every_n_steps=1))
+    trainer = Trainer(
+        models.MLP((4, 8, 3)),
+        backend="numpy",
+        schedule=schedule,
+        config=TrainerConfig(epochs=2, batch_size=32, log_every_n_steps=1),
+    )
     seen = []
     trainer.callbacks.hooks["on_batch_end"].append(lambda t, b, logs: seen.append(logs["lr"]))
     trainer.fit((x, y))
@@ -204,7 +222,11 @@ def test_a_native_iterable_trains_like_an_array_loader():
         ((np.zeros((5, 3), np.float32), np.zeros(5, np.int64)), DataError, "expects 4 features"),
         ((np.full((5, 4), np.nan, np.float32), np.zeros(5, np.int64)), DataError, "NaN"),
         ((np.zeros((5, 4), np.float32), np.full(5, 3, np.int64)), DataError, r"labels in \[3, 3\]"),
-        ((np.zeros((5, 4), np.float32), np.zeros(5, np.float32)), DataError, "integer class labels"),
+        (
+            (np.zeros((5, 4), np.float32), np.zeros(5, np.float32)),
+            DataError,
+            "integer class labels",
+        ),
         ("not data", DataError, "cannot train on str"),
         (iter([]), DataError, "one-shot iterator"),
     ],
@@ -236,7 +258,7 @@ def test_bad_config_is_refused_with_the_field_name(kwargs, message):
 
 
 def test_schedule_must_be_a_schedule_object():
-    with pytest.raises(ConfigError, match="schedules.Constant"):
+    with pytest.raises(ConfigError, match=r"schedules\.Constant"):
         Trainer(models.MLP((4, 8, 3)), backend="numpy", schedule=0.1)
 
 
@@ -252,7 +274,13 @@ def test_same_seed_twice_is_bit_identical_and_seeds_differ(backend):
     states = []
     for seed in (0, 0, 1):
         config = TrainerConfig(epochs=2, batch_size=16, seed=seed, device="cpu")
-        trainer = Trainer(models.MLP((4, 8, 3), dropout=0.3), backend=backend, optimizer=optim.AdamW(), schedule=schedules.Constant(1e-2), config=config)
+        trainer = Trainer(
+            models.MLP((4, 8, 3), dropout=0.3),
+            backend=backend,
+            optimizer=optim.AdamW(),
+            schedule=schedules.Constant(1e-2),
+            config=config,
+        )
         trainer.fit((x, y))
         states.append(trainer.backend.state_dict())
     assert all(np.array_equal(states[0][k], states[1][k]) for k in states[0])
@@ -263,7 +291,14 @@ def test_mse_regression_trains():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(128, 3)).astype(np.float32)
     y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32)).astype(np.float32)
-    trainer = Trainer(models.MLP((3, 16, 1), activation="tanh"), backend="numpy", loss="mse", optimizer=optim.Adam(), schedule=schedules.Constant(0.01), config=TrainerConfig(epochs=20))
+    trainer = Trainer(
+        models.MLP((3, 16, 1), activation="tanh"),
+        backend="numpy",
+        loss="mse",
+        optimizer=optim.Adam(),
+        schedule=schedules.Constant(0.01),
+        config=TrainerConfig(epochs=20),
+    )
     history = trainer.fit((x, y), (x, y))
     assert history[-1]["val_loss"] < 0.05 * history[0]["val_loss"]
     assert "val_accuracy" not in history[-1]

@@ -81,7 +81,8 @@ class Backend(Protocol):
 
     A backend class is constructed as ``cls(model, options)`` where ``model`` is a
     :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
-    :class:`BackendOptions`.
+    :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
+    the devices usable on this machine (``unitrain backends`` shows it).
     """
 
     name: str
@@ -114,7 +115,7 @@ class Backend(Protocol):
         ...
 
     def evaluate(self, batch: Batch) -> Mapping[str, Any]:
-        """Return batch-mean metrics (``loss``, and ``accuracy`` for classification) in eval mode."""
+        """Return batch-mean ``loss`` (and ``accuracy`` when classifying), in eval mode."""
         ...
 
     def state_dict(self) -> dict[str, np.ndarray]:

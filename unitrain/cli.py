@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from unitrain._errors import UnitrainError
 
@@ -31,22 +32,38 @@ def _train(args: argparse.Namespace) -> int:
     final = trainer.validate(val)
     print(f"final val_accuracy={final['val_accuracy']:.4f} val_loss={final['val_loss']:.4f}")
     if args.out:
-        print(f"metrics: {Path(args.out) / 'metrics.jsonl'}; checkpoints: {Path(args.out) / 'checkpoints'}")
+        print(
+            f"metrics: {Path(args.out) / 'metrics.jsonl'}; "
+            f"checkpoints: {Path(args.out) / 'checkpoints'}"
+        )
     return 0
 
 
 def _backends(args: argparse.Namespace) -> int:
     from unitrain.registry import get_backend, list_backends
 
+    def devices_of(name: str) -> str:
+        cls: Any = get_backend(name)
+        found = cls.available_devices() if hasattr(cls, "available_devices") else None
+        return ", ".join(found or cls.capabilities.devices)
+
     rows = []
     for info in list_backends():
         devices = "-"
         if info.installed:
             try:
-                devices = ", ".join(get_backend(info.name).capabilities.devices)
+                devices = devices_of(info.name)
             except UnitrainError as error:
                 devices = f"unavailable: {error}"
-        rows.append((info.name, info.framework_version or "-", "yes" if info.installed else "no", devices, info.target))
+        rows.append(
+            (
+                info.name,
+                info.framework_version or "-",
+                "yes" if info.installed else "no",
+                devices,
+                info.target,
+            )
+        )
     header = ("backend", "version", "installed", "devices", "target")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -61,7 +78,16 @@ def _inspect(args: argparse.Namespace) -> int:
     info = checkpoint.trainer
     summary = {
         key: info.get(key)
-        for key in ("epoch", "step", "batch", "stop_training", "backend", "model", "optimizer", "schedule")
+        for key in (
+            "epoch",
+            "step",
+            "batch",
+            "stop_training",
+            "backend",
+            "model",
+            "optimizer",
+            "schedule",
+        )
     }
     print(json.dumps(summary, indent=2, default=str))
     for title, tensors in (("model", checkpoint.model), ("optimizer", checkpoint.optimizer)):
@@ -77,8 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unitrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train the default recipe (digits MLP)")
-    train.add_argument("--backend", help="torch, jax, tensorflow, numpy or pkg.module:Class "
-                       "(default: $UNITRAIN_BACKEND, else the first installed)")
+    train.add_argument(
+        "--backend",
+        help="torch, jax, tensorflow, numpy or pkg.module:Class "
+        "(default: $UNITRAIN_BACKEND, else the first installed)",
+    )
     train.add_argument("--device", default="auto", choices=("cpu", "gpu", "auto"))
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0)

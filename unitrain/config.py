@@ -20,7 +20,9 @@ NONFINITE_POLICIES = ("raise", "skip_batch", "stop")
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"TrainerConfig: {name} must be an int >= {minimum}, got {name}={value!r}")
+        raise ConfigError(
+            f"TrainerConfig: {name} must be an int >= {minimum}, got {name}={value!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,8 +38,12 @@ class MLP:
 
     Examples:
         >>> model = MLP((4, 8, 3))
-        >>> {k: v.shape for k, v in model.init_params(seed=0).items()}
-        {'layers.0.weight': (4, 8), 'layers.0.bias': (8,), 'layers.1.weight': (8, 3), 'layers.1.bias': (3,)}
+        >>> for name, value in model.init_params(seed=0).items():
+        ...     print(name, value.shape)
+        layers.0.weight (4, 8)
+        layers.0.bias (8,)
+        layers.1.weight (8, 3)
+        layers.1.bias (3,)
     """
 
     sizes: tuple[int, ...]

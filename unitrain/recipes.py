@@ -48,7 +48,7 @@ def load_digits(val_fraction: float = 0.2, seed: int = 0) -> DigitsSplit:
     x = (data.data / 16.0).astype(np.float32)
     y = data.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(x))
-    n_val = int(round(len(x) * val_fraction))
+    n_val = round(len(x) * val_fraction)
     val, train = order[:n_val], order[n_val:]
     return DigitsSplit(x[train], y[train], x[val], y[val])
 

@@ -25,7 +25,8 @@ def seed_everything(seed: int) -> None:
 def get_rng_state() -> dict[str, Any]:
     """The global generators' states as JSON-serialisable data."""
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)  # the legacy form is always a tuple with an array
     return {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],

@@ -59,7 +59,8 @@ def check_state(expected: Mapping[str, np.ndarray], state: Mapping[str, np.ndarr
         if wrong:
             parts.append("shape mismatches: " + "; ".join(wrong))
         raise ConfigError(
-            "state does not fit this model and optimizer: " + ", ".join(parts)
+            "state does not fit this model and optimizer: "
+            + ", ".join(parts)
             + ". Was it saved from a different model or optimizer?"
         )
 

@@ -21,7 +21,12 @@ from unitrain import rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain.backend import Backend, BackendOptions, FusedStep
 from unitrain.callbacks._base import CallbackList
-from unitrain.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from unitrain.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from unitrain.config import TrainerConfig
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_arrays
 from unitrain.models import MLP
@@ -124,7 +129,9 @@ class Trainer:
         self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
-        self._reset_running()
+        self._loss_sum: Any = 0.0  # a backend scalar once training starts
+        self._count = 0
+        self._last_lr = self.lr
         rng.seed_everything(config.seed)
 
     # -- public API ---------------------------------------------------------------------------
@@ -155,7 +162,13 @@ class Trainer:
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         checkpoint_state = None
-        if resume is not None:
+        if resume == "latest" and self._nothing_to_resume():
+            warnings.warn(
+                f"resume='latest': no checkpoint in {self.config.checkpoint_dir} yet; "
+                "starting from scratch",
+                stacklevel=2,
+            )
+        elif resume is not None:
             checkpoint_state = self._restore(resume)
         self.callbacks.call("on_train_begin", self)
         if checkpoint_state is not None:
@@ -267,7 +280,7 @@ class Trainer:
             self.callbacks.call("on_batch_end", self, state.batch, logs)
 
     def _reset_running(self) -> None:
-        self._loss_sum: Any = 0.0
+        self._loss_sum = 0.0
         self._count = 0
         self._last_lr = self.lr
 
@@ -326,12 +339,17 @@ class Trainer:
             return self.model.to_dict()
         return {"type": "native", "class": type(self.model).__qualname__}
 
+    def _nothing_to_resume(self) -> bool:
+        """Whether ``resume="latest"`` finds no checkpoint at all (a first run, not an error).
+
+        Checkpoints that exist but are all damaged are an error, raised by the resolver."""
+        if self.config.checkpoint_dir is None:
+            raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
+        return not list_checkpoints(self.config.checkpoint_dir)
+
     def _restore(self, resume: str | Path) -> dict[str, Any]:
         """Load a checkpoint into backend and Trainer; return the callbacks' saved states."""
-        directory = self.config.checkpoint_dir
-        if resume == "latest" and directory is None:
-            raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
-        path = resolve_checkpoint(str(resume), directory or ".")
+        path = resolve_checkpoint(str(resume), self.config.checkpoint_dir or ".")
         checkpoint = load_checkpoint(path)
         info = checkpoint.trainer
         for what, mine in (("model", self._model_description()), ("optimizer", None)):

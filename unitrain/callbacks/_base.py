@@ -114,9 +114,7 @@ class CallbackList:
             method(*args)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            self.key(c): c.state_dict() for c in self.callbacks if hasattr(c, "state_dict")
-        }
+        return {self.key(c): c.state_dict() for c in self.callbacks if hasattr(c, "state_dict")}
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for callback in self.callbacks:

@@ -56,7 +56,9 @@ class EarlyStopping(Callback):
         self._reset()
 
     def _reset(self) -> None:
-        self.wait, self.stopped_epoch, self.best_epoch = 0, None, None
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+        self.best_epoch: int | None = None
         self.best = self.monitor.worst
         self.best_weights: dict[str, np.ndarray] | None = None
 

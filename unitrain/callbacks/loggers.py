@@ -63,7 +63,10 @@ class JSONLLogger(_EpochFileLogger):
     """
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
-        row = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()}
+        row = {
+            k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+            for k, v in logs.items()
+        }
         self._write(json.dumps(row, allow_nan=False) + "\n")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +59,12 @@ class ModelCheckpoint(Callback):
             ("every_n_steps", every_n_steps),
             ("keep_last", keep_last),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"ModelCheckpoint: {name} must be an int >= 1 or None, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(
+                    f"ModelCheckpoint: {name} must be an int >= 1 or None, got {value!r}"
+                )
         if every_n_epochs is None and every_n_steps is None and monitor is None:
             raise ConfigError(
                 "ModelCheckpoint: nothing would ever be saved; set every_n_epochs, "
@@ -71,8 +76,10 @@ class ModelCheckpoint(Callback):
             every_n_steps,
             keep_last,
         )
-        self.monitor = None if monitor is None else Monitor("ModelCheckpoint", monitor, mode, min_delta)
-        self.best = self.monitor.worst if self.monitor else None
+        self.monitor = (
+            None if monitor is None else Monitor("ModelCheckpoint", monitor, mode, min_delta)
+        )
+        self.best = self.monitor.worst if self.monitor else math.inf
         self.last_saved: Path | None = None
 
     def _directory(self, trainer: Trainer) -> Path:

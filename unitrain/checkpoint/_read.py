@@ -18,11 +18,11 @@ import safetensors.numpy
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint._format import (
     ALL_FILES,
+    CALLBACKS_FILE,
     DATA_FILES,
     MANIFEST_FILE,
     MAX_JSON_BYTES,
     MODEL_FILE,
-    CALLBACKS_FILE,
     OPTIMIZER_FILE,
     TRAINER_FILE,
     check_json_value,

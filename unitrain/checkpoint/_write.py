@@ -32,10 +32,10 @@ import safetensors.numpy
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint._format import (
     ALL_FILES,
+    CALLBACKS_FILE,
     DATA_FILES,
     MANIFEST_FILE,
     MODEL_FILE,
-    CALLBACKS_FILE,
     OPTIMIZER_FILE,
     TRAINER_FILE,
     CheckpointWarning,
@@ -117,8 +117,9 @@ def save_checkpoint(
         ...     optimizer={},
         ...     trainer={"epoch": 0, "step": 10},
         ... )
-        >>> sorted(p.name for p in saved.iterdir())
-        ['callbacks.safetensors', 'manifest.json', 'model.safetensors', 'optimizer.safetensors', 'trainer.json']
+        >>> sorted(p.name for p in saved.iterdir())  # doctest: +NORMALIZE_WHITESPACE
+        ['callbacks.safetensors', 'manifest.json', 'model.safetensors',
+         'optimizer.safetensors', 'trainer.json']
     """
     target = Path(path)
     if not target.name or target.name.startswith("."):

@@ -127,9 +127,14 @@ class TorchBackend:
         y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
         if self.classification:
             y = y.long()
-        elif y.is_floating_point():
+        elif self.options.loss == "mse":
             y = y.to(self.dtype)
         return x, y
+
+    def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.options.loss == "mse":  # targets may come as (n,) for one output
+            y = y.reshape(out.shape)
+        return self.loss_fn(out, y)
 
     def forward(self, batch: Batch) -> Any:
         """Train-mode forward; returns the loss detached from the graph (no host sync)."""
@@ -141,7 +146,7 @@ class TorchBackend:
             seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
             generator.manual_seed(seed)
         out = self.module(x)
-        self._loss = self.loss_fn(out, y.reshape(out.shape) if not self.classification else y)
+        self._loss = self._compute_loss(out, y)
         self._micro_batch += 1
         return self._loss.detach()
 
@@ -208,9 +213,7 @@ class TorchBackend:
         self.module.eval()
         with torch.no_grad():
             out = self.module(x)
-            metrics = {
-                "loss": self.loss_fn(out, y if self.classification else y.reshape(out.shape))
-            }
+            metrics = {"loss": self._compute_loss(out, y)}
             if self.classification:
                 metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
         return metrics

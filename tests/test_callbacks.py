@@ -159,9 +159,7 @@ def keras_reduce_lr(
     mode: str,
 ) -> list[float]:
     """Keras 3 ``ReduceLROnPlateau.on_epoch_end``, written out; the LR after each epoch."""
-    better = (
-        (lambda a, b: a < b - min_delta) if mode == "min" else (lambda a, b: a > b + min_delta)
-    )
+    better = (lambda a, b: a < b - min_delta) if mode == "min" else (lambda a, b: a > b + min_delta)
     best = math.inf if mode == "min" else -math.inf
     wait = cooldown_counter = 0
     lrs = []
@@ -259,6 +257,16 @@ def test_early_stopping_patience_zero_stops_at_first_non_improvement_but_not_at_
     callback = EarlyStopping(monitor="score", mode="min", patience=0)
     _, stopped = drive(callback, [3.0, 2.0, 2.0, 1.0])
     assert stopped == 2
+
+
+@pytest.mark.parametrize("first", [float("inf"), float("nan")])
+def test_early_stopping_never_stops_at_epoch_0(first):
+    # A first value that improves on nothing (inf, NaN) with patience 0 still does not stop:
+    # Keras checks patience only after the first epoch.
+    callback = EarlyStopping(monitor="score", mode="min", patience=0)
+    _, stopped = drive(callback, [first, 1.0, 2.0])
+    assert stopped == 2
+    assert callback.best_epoch == 1
 
 
 @pytest.mark.parametrize("min_delta", [0.1, -0.1])
@@ -362,13 +370,13 @@ def test_restore_best_weights_in_a_real_run_matches_the_weights_of_the_best_epoc
 
     # Scripted metric: best at epoch 1, training runs to the end (no stop with patience 5).
     stopper = EarlyStopping(monitor="score", mode="max", patience=5, restore_best_weights=True)
-    trainer = make_trainer(
-        [Scripted("score", [0.1, 0.9, 0.3, 0.2]), Snapshot(), stopper], epochs=4
-    )
+    trainer = make_trainer([Scripted("score", [0.1, 0.9, 0.3, 0.2]), Snapshot(), stopper], epochs=4)
     trainer.fit(tiny_data())
     assert stopper.best_epoch == 1 and stopper.stopped_epoch is None
     final = trainer.backend.state_dict()
-    assert not np.array_equal(snapshots[1]["model.layers.0.weight"], snapshots[3]["model.layers.0.weight"])
+    assert not np.array_equal(
+        snapshots[1]["model.layers.0.weight"], snapshots[3]["model.layers.0.weight"]
+    )
     for key, value in final.items():
         expected = snapshots[1][key] if key.startswith("model.") else snapshots[3][key]
         np.testing.assert_array_equal(value, expected, err_msg=key)
@@ -376,7 +384,13 @@ def test_restore_best_weights_in_a_real_run_matches_the_weights_of_the_best_epoc
 
 @pytest.mark.parametrize(
     ("monitor", "mode"),
-    [("val_loss", "min"), ("loss", "min"), ("val_accuracy", "max"), ("val_acc", "max"), ("val_mse", "min")],
+    [
+        ("val_loss", "min"),
+        ("loss", "min"),
+        ("val_accuracy", "max"),
+        ("val_acc", "max"),
+        ("val_mse", "min"),
+    ],
 )
 def test_auto_mode_from_the_metric_name(monitor, mode):
     assert EarlyStopping(monitor=monitor).monitor.mode == mode
@@ -384,7 +398,7 @@ def test_auto_mode_from_the_metric_name(monitor, mode):
 
 
 def test_auto_mode_refuses_to_guess_an_unknown_name():
-    with pytest.raises(ConfigError, match="'foo'.*mode='min' or mode='max'"):
+    with pytest.raises(ConfigError, match=r"'foo'.*mode='min' or mode='max'"):
         EarlyStopping(monitor="foo")
     assert EarlyStopping(monitor="foo", mode="max").monitor.mode == "max"
 
@@ -443,7 +457,9 @@ def test_early_stopping_state_round_trip_continues_identically(
         resumed = FakeTrainer()
         second.on_train_begin(resumed)  # the Trainer calls on_train_begin before loading
         second.load_state_dict(state)
-        resumed_trainer, stop = drive(second, values[split:], trainer=resumed, first_epoch=split, begin=False)
+        resumed_trainer, stop = drive(
+            second, values[split:], trainer=resumed, first_epoch=split, begin=False
+        )
         finished = second
     else:
         first.on_train_end(trainer)
@@ -465,10 +481,37 @@ def test_early_stopping_on_train_begin_resets_a_previous_run():
     assert stopped is None and callback.best == 3.0 and callback.best_epoch == 2
 
 
+@pytest.mark.parametrize(
+    "resume_at", ["epoch=0000-step=000003", "epoch=0002-step=000009", "epoch=0003-step=000015"]
+)
+def test_early_stopping_resumed_from_a_checkpoint_stops_like_an_uninterrupted_run(
+    tmp_path, resume_at
+):
+    scores = [0.5, 0.4, 0.45, 0.3, 0.35, 0.36, 0.37, 0.38]
+
+    def run(directory: Path, resume: Path | None = None) -> tuple[Trainer, EarlyStopping]:
+        stopper = EarlyStopping(monitor="score", mode="min", patience=2, restore_best_weights=True)
+        checkpoint = ModelCheckpoint(directory, every_n_epochs=None, every_n_steps=3)
+        trainer = make_trainer([Scripted("score", scores), stopper, checkpoint], epochs=8)
+        trainer.fit(tiny_data(), resume=resume)
+        return trainer, stopper
+
+    whole, whole_stopper = run(tmp_path / "a")
+    assert (whole_stopper.stopped_epoch, whole_stopper.best_epoch) == (5, 3)
+    resumed, stopper = run(tmp_path / "b", resume=tmp_path / "a" / resume_at)
+    assert (stopper.stopped_epoch, stopper.best_epoch, stopper.best) == (5, 3, 0.3)
+    assert resumed.state == whole.state
+    expected = whole.backend.state_dict()
+    for key, value in resumed.backend.state_dict().items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+
+
 # -- ReduceLROnPlateau --------------------------------------------------------------------------
 
 
-def lr_trajectory(callback: ReduceLROnPlateau, values: list[float], base_lr: float = 0.1) -> list[float]:
+def lr_trajectory(
+    callback: ReduceLROnPlateau, values: list[float], base_lr: float = 0.1
+) -> list[float]:
     trainer = FakeTrainer(base_lr=base_lr)
     callback.on_train_begin(trainer)
     lrs = []
@@ -485,11 +528,12 @@ def lr_trajectory(callback: ReduceLROnPlateau, values: list[float], base_lr: flo
         ({"factor": 0.5, "patience": 2}, [1, 1, 1, 1, 1], [0.1, 0.1, 0.05, 0.05, 0.025]),
         # an improvement resets wait.
         ({"factor": 0.5, "patience": 2}, [1, 1, 0.5, 0.5, 0.5], [0.1, 0.1, 0.1, 0.1, 0.05]),
-        # cooldown 2: two epochs after a reduction neither wait nor reduce.
+        # cooldown 2: the epoch after a reduction neither waits nor reduces (Keras counts the
+        # cooldown down before testing it, so cooldown=c idles c - 1 epochs).
         (
             {"factor": 0.5, "patience": 1, "cooldown": 2},
             [1, 1, 1, 1, 1, 1],
-            [0.1, 0.05, 0.05, 0.025, 0.025, 0.025],
+            [0.1, 0.05, 0.05, 0.025, 0.025, 0.0125],
         ),
         # Keras quirk kept: cooldown=1 is used up in the very epoch that checks it.
         ({"factor": 0.5, "patience": 1, "cooldown": 1}, [1, 1, 1], [0.1, 0.05, 0.025]),
@@ -517,7 +561,14 @@ def test_reduce_lr_on_plateau_scripted(kwargs, values, expected):
 def test_reduce_lr_on_plateau_matches_keras3_rules(
     values, factor, patience, min_delta, cooldown, min_lr, mode
 ):
-    rules = dict(factor=factor, patience=patience, min_delta=min_delta, cooldown=cooldown, min_lr=min_lr, mode=mode)
+    rules = dict(
+        factor=factor,
+        patience=patience,
+        min_delta=min_delta,
+        cooldown=cooldown,
+        min_lr=min_lr,
+        mode=mode,
+    )
     expected = keras_reduce_lr(values, lr=0.1, **rules)
     got = lr_trajectory(ReduceLROnPlateau(monitor="score", **rules), values)
     assert got == pytest.approx(expected, rel=1e-9)
@@ -618,7 +669,9 @@ def test_model_checkpoint_best_follows_the_monitor(tmp_path):
             if epoch > 0:
                 seen.append(load_checkpoint(tmp_path / "best").trainer["epoch"])
 
-    checkpoint = ModelCheckpoint(tmp_path, every_n_epochs=None, monitor="score", mode="max", keep_last=1)
+    checkpoint = ModelCheckpoint(
+        tmp_path, every_n_epochs=None, monitor="score", mode="max", keep_last=1
+    )
     trainer = make_trainer([Scripted("score", scores), ReadBest(), checkpoint], epochs=5)
     trainer.fit(tiny_data())
     # trainer.json's epoch counts epochs done: the best epoch index + 1.
@@ -635,7 +688,9 @@ def test_model_checkpoint_best_holds_the_weights_of_the_best_epoch(tmp_path):
         def on_epoch_end(self, trainer, epoch, logs):
             snapshots[epoch] = trainer.backend.state_dict()
 
-    checkpoint = ModelCheckpoint(tmp_path, every_n_epochs=1, monitor="score", mode="min", keep_last=1)
+    checkpoint = ModelCheckpoint(
+        tmp_path, every_n_epochs=1, monitor="score", mode="min", keep_last=1
+    )
     trainer = make_trainer([Scripted("score", [3.0, 1.0, 2.0]), Snapshot(), checkpoint], epochs=3)
     trainer.fit(tiny_data())
     best = load_checkpoint(tmp_path / "best")
@@ -705,7 +760,9 @@ def test_jsonl_logger_writes_nonfinite_values_as_null(tmp_path):
     path = tmp_path / "m.jsonl"
     logger, trainer = JSONLLogger(path), FakeTrainer()
     logger.on_train_begin(trainer)
-    logger.on_epoch_end(trainer, 0, {"epoch": 0, "loss": float("nan"), "val_loss": float("inf"), "lr": 0.1})
+    logger.on_epoch_end(
+        trainer, 0, {"epoch": 0, "loss": float("nan"), "val_loss": float("inf"), "lr": 0.1}
+    )
     logger.on_epoch_end(trainer, 1, {"epoch": 1, "loss": -float("inf"), "val_loss": 1.5, "lr": 0.1})
     logger.on_train_end(trainer)
     lines = path.read_text().splitlines()
@@ -720,7 +777,9 @@ def test_jsonl_logger_writes_nonfinite_values_as_null(tmp_path):
     ]
 
 
-def _write_epochs(logger: Any, trainer: FakeTrainer, epochs: range, states: dict[int, Any] | None = None) -> None:
+def _write_epochs(
+    logger: Any, trainer: FakeTrainer, epochs: range, states: dict[int, Any] | None = None
+) -> None:
     for epoch in epochs:
         logger.on_epoch_end(trainer, epoch, {"epoch": epoch, "loss": 1.0 / (epoch + 1), "lr": 0.1})
         if states is not None:
@@ -746,6 +805,17 @@ def test_logger_resume_truncates_to_the_saved_offset(tmp_path, kind):
     assert path.read_text() == uninterrupted
     header = 1 if kind is CSVLogger else 0
     assert len(path.read_text().splitlines()) == 3 + header
+
+    # A resume from after epoch 0 that then writes less than the file holds (the resumed run
+    # stopped earlier): everything past the saved offset is cut, not left behind.
+    shorter = kind(path)
+    shorter.on_train_begin(trainer)
+    shorter.load_state_dict(states[0])
+    shorter.on_epoch_end(trainer, 1, {"epoch": 1, "loss": 7.0, "lr": 0.1})
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 + header
+    assert lines[: 1 + header] == uninterrupted.splitlines()[: 1 + header]
+    assert "7.0" in lines[-1]
 
 
 @pytest.mark.parametrize("kind", [JSONLLogger, CSVLogger])
@@ -793,7 +863,7 @@ def test_logger_resume_in_a_real_run_has_no_duplicate_epochs(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [0, 1, 2]
     assert rows[0] == full[0]
-    for row, reference in zip(rows[1:], full[1:]):
+    for row, reference in zip(rows[1:], full[1:], strict=True):
         assert {k: v for k, v in row.items() if k != "seconds"} == {
             k: v for k, v in reference.items() if k != "seconds"
         }
@@ -1024,7 +1094,9 @@ def test_callback_list_state_round_trip_by_key():
 
 def test_monitor_missing_metric_lists_the_available_ones():
     monitor = Monitor("EarlyStopping", "val_f1", "auto", 0.0)
-    with pytest.raises(ConfigError, match=r"'val_f1' is not logged; available: \['loss', 'val_loss'\]"):
+    with pytest.raises(
+        ConfigError, match=r"'val_f1' is not logged; available: \['loss', 'val_loss'\]"
+    ):
         monitor.read({"val_loss": 1.0, "loss": 2.0})
     assert monitor.read({"loss": 2.0}) is None  # an epoch without validation
     assert monitor.read({"val_f1": 0.25}) == 0.25
@@ -1032,7 +1104,7 @@ def test_monitor_missing_metric_lists_the_available_ones():
 
 def test_missing_metric_in_a_real_run_is_a_config_error():
     trainer = make_trainer([EarlyStopping(monitor="accuracy")])
-    with pytest.raises(ConfigError, match="'accuracy' is not logged; available:.*'loss'"):
+    with pytest.raises(ConfigError, match=r"'accuracy' is not logged; available:.*'loss'"):
         trainer.fit(tiny_data())
 
 

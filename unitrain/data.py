@@ -124,6 +124,8 @@ class ArrayLoader:
             raise ConfigError(
                 f"ArrayLoader: batch_size must be a positive int, got batch_size={batch_size!r}"
             )
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"ArrayLoader: seed must be an int >= 0, got seed={seed!r}")
         self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
         check_arrays(self.inputs, self.targets)
         if drop_last and len(self.inputs) < batch_size:
@@ -201,8 +203,12 @@ def as_batch_source(data: Any, batch_size: int, seed: int, shuffle: bool) -> Bat
     """
     if isinstance(data, BatchSource):
         return data
-    if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
+    if isinstance(data, tuple) and len(data) == 2:
         return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed)
+    if hasattr(data, "shape"):
+        raise DataError(
+            f"got one array of shape {data.shape} but no targets; pass (inputs, targets)"
+        )
     if isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
         return IterableSource(data)
     raise DataError(

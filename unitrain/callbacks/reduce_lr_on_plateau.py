@@ -71,16 +71,11 @@ class ReduceLROnPlateau(Callback):
             self.best, self.wait = current, 0
         elif self.cooldown_counter == 0:
             self.wait += 1
-            if self.wait >= self.patience:
-                self._reduce(trainer)
+            lr = trainer.lr
+            if self.wait >= self.patience and lr > self.min_lr:
+                # As in Keras, a plateau already at min_lr neither resets wait nor cools down.
+                trainer.lr_factor *= max(lr * self.factor, self.min_lr) / lr
                 self.cooldown_counter, self.wait = self.cooldown, 0
-
-    def _reduce(self, trainer: Trainer) -> None:
-        lr = trainer.lr
-        if lr <= self.min_lr or lr == 0:
-            return
-        target = max(lr * self.factor, self.min_lr)
-        trainer.lr_factor *= target / lr
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}

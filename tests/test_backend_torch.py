@@ -1,0 +1,147 @@
+"""The PyTorch adapter: native modules, devices, dtypes, state exchange with the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unitrain.backends.numpy import NumpyBackend  # noqa: E402
+from unitrain.backends.torch import TorchBackend  # noqa: E402
+
+from unitrain import ConfigError, Trainer, TrainerConfig, models, optim, schedules  # noqa: E402
+from unitrain.backend import BackendOptions  # noqa: E402
+
+MODEL = models.MLP((6, 10, 3))
+
+
+def data(n=48, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    return x, x[:, :3].argmax(axis=1).astype(np.int64)  # linearly separable
+
+
+def test_a_native_module_with_a_native_loss_trains():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    loss = lambda out, y: torch.nn.functional.cross_entropy(out, y.long())  # noqa: E731
+    trainer = Trainer(
+        module,
+        backend="torch",
+        loss=loss,
+        optimizer=optim.Adam(),
+        schedule=schedules.Constant(0.01),
+        config=TrainerConfig(epochs=15, batch_size=16, device="cpu"),
+    )
+    history = trainer.fit(data())
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+    assert "model.0.weight" in trainer.backend.state_dict()
+    assert trainer._model_description() == {"type": "native", "class": "Sequential"}
+
+
+def test_gpu_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        TorchBackend(MODEL, BackendOptions(device="gpu"))
+    assert TorchBackend.available_devices() == ("cpu",)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (BackendOptions(dtype="int8"), "trains in"),
+        (BackendOptions(loss="hinge"), "unknown loss"),
+        (BackendOptions(device="tpu"), "unknown device"),
+    ],
+)
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        TorchBackend(MODEL, options)
+
+
+def test_not_a_model_is_refused():
+    with pytest.raises(ConfigError, match=r"nn\.Module"):
+        TorchBackend(object(), BackendOptions())
+    with pytest.raises(ConfigError, match="MLP only"):
+        NumpyBackend(object(), BackendOptions())
+    with pytest.raises(ConfigError, match="'cpu' only"):
+        NumpyBackend(MODEL, BackendOptions(device="gpu"))
+
+
+@pytest.mark.parametrize("spec", [optim.SGD(momentum=0.9), optim.Adam(), optim.AdamW()])
+def test_state_is_exchangeable_with_the_numpy_reference(spec):
+    """Keys, shapes and dtypes match; a state moves both ways and training goes on alike."""
+    x, y = data()
+    options = BackendOptions(optimizer=spec, device="cpu")
+    ours, reference = TorchBackend(MODEL, options), NumpyBackend(MODEL, options)
+    for backend in (ours, reference):
+        for i in range(3):
+            backend.forward((x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]))
+            backend.backward()
+            backend.step(0.05)
+    a, b = ours.state_dict(), reference.state_dict()
+    assert {k: (v.shape, v.dtype) for k, v in a.items()} == {
+        k: (v.shape, v.dtype) for k, v in b.items()
+    }
+    fresh_torch, fresh_numpy = TorchBackend(MODEL, options), NumpyBackend(MODEL, options)
+    fresh_torch.load_state_dict(b)
+    fresh_numpy.load_state_dict(a)
+    for key, value in fresh_torch.state_dict().items():
+        np.testing.assert_array_equal(value, b[key])  # load -> save is bit-exact
+    for backend in (fresh_torch, reference):
+        backend.forward((x, y))
+        backend.backward()
+        backend.step(0.05)
+    for key, value in reference.state_dict().items():
+        np.testing.assert_allclose(fresh_torch.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_load_refuses_a_state_of_another_shape():
+    other = TorchBackend(models.MLP((6, 11, 3)), BackendOptions()).state_dict()
+    with pytest.raises(ConfigError, match=r"shape mismatches.*layers\.0\.weight"):
+        TorchBackend(MODEL, BackendOptions()).load_state_dict(other)
+    with pytest.raises(ConfigError, match="missing keys"):
+        TorchBackend(MODEL, BackendOptions(optimizer=optim.Adam())).load_state_dict(
+            TorchBackend(MODEL, BackendOptions()).state_dict()
+        )
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_other_dtypes_train(dtype):
+    trainer = Trainer(
+        MODEL,
+        backend="torch",
+        optimizer=optim.Adam(),
+        schedule=schedules.Constant(0.01),
+        config=TrainerConfig(epochs=5, batch_size=16, dtype=dtype, device="cpu"),
+    )
+    history = trainer.fit(data())
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert trainer.backend.params["layers.0.weight"].dtype == getattr(torch, dtype)
+
+
+def test_deterministic_mode_and_rng_state_round_trip():
+    backend = TorchBackend(MODEL, BackendOptions(deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled()
+    saved = backend.rng_state()
+    first = torch.rand(3)
+    backend.set_rng_state(saved)
+    assert torch.equal(torch.rand(3), first)
+    assert backend.versions()["torch"] == torch.__version__
+
+
+def test_dropout_masks_depend_on_step_not_on_history():
+    """The same (seed, step, micro-batch) draws the same mask, however we got there."""
+    x, y = data()
+    model = models.MLP((6, 10, 3), dropout=0.5)
+    a = TorchBackend(model, BackendOptions(device="cpu"))
+    b = TorchBackend(model, BackendOptions(device="cpu"))
+    loss_a = a.forward((x, y))
+    torch.rand(100)  # disturbing the global generator changes nothing
+    loss_b = b.forward((x, y))
+    assert torch.equal(loss_a, loss_b)
+    a.backward()
+    a.step(0.0)  # lr 0: same weights, next step
+    assert not torch.equal(a.forward((x, y)), loss_b)

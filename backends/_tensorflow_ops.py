@@ -1,0 +1,271 @@
+"""Graph-side pieces of the TensorFlow backend: the MLP, losses, dropout keys, update rules.
+
+Everything here runs inside ``tf.function`` bodies built by
+:class:`unitrain.backends.tensorflow.TensorFlowBackend`. The update rules are written by hand
+instead of using ``keras.optimizers``: Keras' SGD keeps the learning rate inside the momentum
+buffer and decouples weight decay, and its Adam puts epsilon outside the bias correction, which
+misses the torch-semantics reference of :mod:`unitrain.optim` by 1e-2 to 0.4 once the learning
+rate changes every step (see ``shared/anchors/optimizer-schedule-parity.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF's C++ logging starts
+
+import tensorflow as tf  # absolute: the framework, not this package
+
+from unitrain import optim
+from unitrain._errors import ConfigError
+from unitrain.models import MLP
+
+__all__ = [
+    "TFMLP",
+    "clip_coefficient",
+    "dropout_key",
+    "global_norm",
+    "loss_function",
+    "named_variables",
+    "update_parameters",
+]
+
+_ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
+    "relu": tf.nn.relu,
+    "tanh": tf.tanh,
+    "gelu": lambda z: tf.nn.gelu(z, approximate=False),  # the exact erf form, like numpy's
+    "sigmoid": tf.sigmoid,
+}
+
+#: Philox on every device, so a mask does not depend on where it was drawn.
+_RNG_ALGORITHM = "philox"
+
+
+class _Linear(tf.Module):
+    """One ``x @ weight + bias`` layer in the canonical ``(in, out)`` layout."""
+
+    def __init__(self, weight: Any, bias: Any, dtype: tf.DType) -> None:
+        super().__init__()
+        self.weight = tf.Variable(weight, dtype=dtype, name="weight")
+        self.bias = tf.Variable(bias, dtype=dtype, name="bias")
+
+
+class TFMLP(tf.Module):
+    """:class:`unitrain.models.MLP` as a ``tf.Module``: ``layers[i].weight`` / ``.bias``.
+
+    Dropout masks are drawn with ``tf.random.stateless_uniform`` from a key that the caller
+    derives from ``(seed, step, micro_batch)`` (:func:`dropout_key`), folded with the layer
+    index, so they need no random state of their own and a resumed run draws the same masks.
+
+    Args:
+        spec: the architecture.
+        params: initial weights under canonical names, e.g. ``spec.init_params(seed)``.
+        dtype: parameter dtype.
+    """
+
+    def __init__(self, spec: MLP, params: dict[str, Any], dtype: tf.DType) -> None:
+        super().__init__(name="mlp")
+        self.spec = spec
+        self.activation = _ACTIVATIONS[spec.activation]
+        self.layers = [
+            _Linear(params[f"layers.{i}.weight"], params[f"layers.{i}.bias"], dtype)
+            for i in range(spec.num_layers)
+        ]
+
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """Parameters under canonical names, in :meth:`MLP.param_shapes` order."""
+        variables: dict[str, tf.Variable] = {}
+        for i, layer in enumerate(self.layers):
+            variables[f"layers.{i}.weight"] = layer.weight
+            variables[f"layers.{i}.bias"] = layer.bias
+        return variables
+
+    def __call__(self, x: tf.Tensor, training: bool = False, key: tf.Tensor | None = None) -> Any:
+        """Logits of ``x``; in training mode with a ``key``, hidden units drop out."""
+        last = len(self.layers) - 1
+        dropout = self.spec.dropout if training and key is not None else 0.0
+        for i, layer in enumerate(self.layers):
+            x = tf.matmul(x, layer.weight) + layer.bias
+            if i == last:
+                break
+            x = self.activation(x)
+            if dropout:
+                keep = tf.constant(1.0 - dropout, x.dtype)
+                layer_key = tf.random.experimental.stateless_fold_in(key, i, alg=_RNG_ALGORITHM)
+                uniform = tf.random.stateless_uniform(
+                    tf.shape(x), seed=layer_key, dtype=x.dtype, alg=_RNG_ALGORITHM
+                )
+                # Same order as the numpy reference: a * (mask / keep).
+                x = x * (tf.cast(uniform < keep, x.dtype) / keep)
+        return x
+
+
+def dropout_key(seed: int, step: tf.Tensor, micro_batch: tf.Tensor) -> tf.Tensor:
+    """A stateless-RNG key (shape ``[2]``, int64) that is a pure function of its arguments.
+
+    ``step`` and ``micro_batch`` are tensors, so a new step or micro-batch changes the key
+    without retracing the compiled function that draws the masks.
+    """
+    key = tf.constant([0, seed], tf.int64)
+    key = tf.random.experimental.stateless_fold_in(key, step, alg=_RNG_ALGORITHM)
+    return tf.random.experimental.stateless_fold_in(key, micro_batch, alg=_RNG_ALGORITHM)
+
+
+def named_variables(model: Any) -> dict[str, Any]:
+    """Name the variables of a native model by where they sit in it.
+
+    A Keras model's variables are named by their ``path`` with ``/`` written as ``.``
+    (``sequential/dense/kernel`` -> ``sequential.dense.kernel``). Keras makes layer names
+    unique per process (``dense``, ``dense_1``, ...), so a checkpoint loads into a model built
+    the same way in a fresh process, or into one whose layers were given explicit names. A plain
+    ``tf.Module``'s variables are named by the attribute path that ``tf.Module`` itself walks
+    to collect ``variables`` (``self.layers[0].w`` -> ``layers.0.w``). Non-trainable variables
+    (normalisation statistics, Keras seed-generator states) are part of the model state too.
+    """
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(model, keras.layers.Layer):
+        if not model.variables:
+            raise ConfigError(
+                "the Keras model has no variables yet; build it first (call it on one batch "
+                "or give it an Input) so unitrain can name its weights"
+            )
+        # The tf.Variable under each Keras variable: one kind of variable for the whole backend.
+        found = [(v.path.replace("/", "."), v.value) for v in model.variables]
+    elif isinstance(model, tf.Module):
+        walk = model._flatten(  # the walk tf.Module.variables uses, with the attribute path
+            predicate=lambda v: isinstance(v, tf.Variable), with_path=True
+        )
+        found = [(".".join(str(part) for part in path), v) for path, v in walk]
+        if not found:
+            raise ConfigError(f"the tf.Module {type(model).__name__} has no tf.Variables")
+    else:
+        raise ConfigError(
+            "the tensorflow backend trains unitrain.models.MLP, a Keras model or a tf.Module "
+            f"with __call__(x, training=...), got {type(model).__name__}"
+        )
+    variables = dict(found)
+    if len(variables) < len(found):
+        names = [name for name, _ in found]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        raise ConfigError(f"two model variables share the name(s) {repeated}; rename the layers")
+    return variables
+
+
+def loss_function(loss: Any) -> tuple[Callable[[Any, Any], tf.Tensor], bool]:
+    """Return ``(loss(outputs, targets) -> mean loss, is_classification)``."""
+    if loss == "cross_entropy":
+        return _cross_entropy, True
+    if loss == "mse":
+        return _mean_squared_error, False
+    if callable(loss):
+        return loss, False
+    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
+
+
+def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(losses)
+
+
+def _mean_squared_error(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+    diff = outputs - tf.reshape(tf.cast(targets, outputs.dtype), tf.shape(outputs))
+    return tf.reduce_mean(diff * diff)
+
+
+def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The L2 norm of all gradients as a float64 scalar.
+
+    Each tensor's sum of squares is taken in its own dtype and the sum over tensors in
+    float64, as :func:`unitrain.optim.global_norm` does (``np.vdot`` per tensor, then Python
+    floats), so the clipping coefficient and the finite check agree with the reference.
+    """
+    squares = [tf.cast(tf.reduce_sum(g * g), tf.float64) for g in grads]
+    return tf.sqrt(tf.add_n(squares))
+
+
+def clip_coefficient(norm: tf.Tensor, max_norm: float, dtype: tf.DType) -> tf.Tensor:
+    """``min(max_norm / (norm + 1e-6), 1)`` in float64, cast to ``dtype`` (torch's formula)."""
+    coefficient = tf.constant(max_norm, tf.float64) / (norm + optim.CLIP_EPSILON)
+    return tf.cast(tf.minimum(coefficient, 1.0), dtype)
+
+
+def update_parameters(
+    spec: optim.Optimizer,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    """Apply the reference update of :mod:`unitrain.optim` to ``params`` and ``slots``.
+
+    Args:
+        spec: the optimizer description.
+        params: the variables to update.
+        grads: one gradient per parameter (already clipped).
+        slots: per-parameter state by suffix (``momentum``; ``exp_avg``, ``exp_avg_sq``).
+        step: int64 scalar, updates applied before this one.
+        lr: learning rate, a scalar tensor of the parameters' dtype (never a constant, so a new
+            value every step does not retrace).
+    """
+    if isinstance(spec, optim.Adam):
+        _adam(spec, params, grads, slots, step, lr)
+    else:
+        _sgd(spec, params, grads, slots, lr)
+
+
+def _sgd(
+    spec: optim.SGD,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    lr: tf.Tensor,
+) -> None:
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        if spec.weight_decay:
+            g = g + tf.constant(spec.weight_decay, dtype) * p
+        direction = g
+        if spec.momentum:
+            mu = tf.constant(spec.momentum, dtype)
+            buffer = mu * slots["momentum"][index] + g
+            slots["momentum"][index].assign(buffer)
+            direction = g + mu * buffer if spec.nesterov else buffer
+        p.assign(p - lr * direction)
+
+
+def _adam(
+    spec: optim.Adam,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    # Bias corrections in float64, like the reference's Python floats, then cast once: in
+    # float32, 1 - b2**t alone is 1.3e-5 relative off and breaks the 1e-6 bar.
+    t = tf.cast(step + 1, tf.float64)
+    bias_correction1 = 1.0 - tf.pow(tf.constant(spec.beta1, tf.float64), t)
+    sqrt_bias_correction2 = tf.sqrt(1.0 - tf.pow(tf.constant(spec.beta2, tf.float64), t))
+    decoupled = isinstance(spec, optim.AdamW)
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        if spec.weight_decay and not decoupled:
+            g = g + tf.constant(spec.weight_decay, dtype) * p
+        exp_avg, exp_avg_sq = slots["exp_avg"][index], slots["exp_avg_sq"][index]
+        m = tf.constant(spec.beta1, dtype) * exp_avg + tf.constant(1.0 - spec.beta1, dtype) * g
+        v = tf.constant(spec.beta2, dtype) * exp_avg_sq + tf.constant(1.0 - spec.beta2, dtype) * (
+            g * g
+        )
+        exp_avg.assign(m)
+        exp_avg_sq.assign(v)
+        denominator = tf.sqrt(v) / tf.cast(sqrt_bias_correction2, dtype) + tf.constant(
+            spec.eps, dtype
+        )
+        direction = (m / tf.cast(bias_correction1, dtype)) / denominator
+        if decoupled and spec.weight_decay:
+            direction = direction + tf.constant(spec.weight_decay, dtype) * p
+        p.assign(p - lr * direction)

@@ -1,0 +1,469 @@
+"""The TensorFlow backend: :class:`unitrain.models.MLP`, a Keras model or a ``tf.Module``.
+
+Every hot-path computation is a ``tf.function`` with autograph off, traced once per input
+signature: the batch axis is left unknown (``None``), so the smaller last batch of an epoch
+does not retrace, and the learning rate, the loss scale and the micro-batch index are tensor
+arguments, so changing them every step does not retrace either (``trace_counts`` counts the
+traces). The optimizer updates are the reference rules of :mod:`unitrain.optim`, written by
+hand in :mod:`unitrain.backends._tensorflow_ops`, because Keras' optimizers differ from them.
+
+Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
+returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
+``scale`` times them into gradient-buffer variables; ``step(lr)`` clips, checks the global
+norm for NaN/inf in-graph (a non-finite norm leaves parameters and optimizer state untouched
+and adds one to a device-side skip counter), updates, and zeros the buffers. ``train_step``
+fuses the three into one function without the buffers.
+
+Backend-specific fast paths, not used by the Trainer yet: :meth:`TensorFlowBackend.train_steps`
+runs k updates in one call over batches stacked on a new leading axis, and
+:meth:`TensorFlowBackend.set_device_data` + :meth:`TensorFlowBackend.train_steps_on_device`
+keep the whole training set on the device and gather each batch by index inside the call.
+Both equal k single ``train_step`` calls.
+
+Native models are called as ``model(x, training=...)``. Their state-dict names are the
+variables' paths (see :func:`unitrain.backends._tensorflow_ops.named_variables`); their
+dropout uses their own random state (a Keras seed generator is a model variable, so it is
+saved and restored with the model), not the ``(seed, step, micro_batch)`` keys of the MLP.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF import
+
+import numpy as np
+import tensorflow as tf  # absolute: the framework, not this module
+
+from unitrain._errors import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.models import MLP
+from unitrain.state import check_state, split_state
+
+# Relative: ruff files ``unitrain.backends`` under third-party (it maps to ``backends/``).
+from . import _tensorflow_ops as ops
+
+__all__ = ["TensorFlowBackend"]
+
+_DTYPES = {"float32": tf.float32, "float64": tf.float64}
+
+
+class TensorFlowBackend:
+    """TensorFlow implementation of the :class:`unitrain.backend.Backend` protocol.
+
+    Attributes:
+        module: the model (a :class:`~unitrain.backends._tensorflow_ops.TFMLP` for a portable
+            MLP).
+        variables: every model variable under its state-dict name.
+        params: the trainable subset of ``variables``, in gradient order.
+        trace_counts: how many times each compiled function was traced, by name.
+    """
+
+    name = "tensorflow"
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
+    )
+
+    def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        self.options = options = options or BackendOptions()
+        self.device_name = _resolve_device(options.device)
+        if options.dtype not in _DTYPES:
+            raise ConfigError(
+                f"the tensorflow backend trains in {tuple(_DTYPES)}, got dtype={options.dtype!r}"
+            )
+        self.dtype = _DTYPES[options.dtype]
+        if options.deterministic:
+            _make_deterministic()
+        _seed_global_rngs(options.seed)
+        with tf.device(self.device_name):
+            if isinstance(model, MLP):
+                params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
+                self.module: Any = ops.TFMLP(model, params, self.dtype)
+                self.variables: dict[str, tf.Variable] = self.module.named_variables()
+            else:
+                self.module = model
+                self.variables = ops.named_variables(model)
+            self.params = {k: v for k, v in self.variables.items() if v.trainable}
+            wrong = {k: v.dtype.name for k, v in self.params.items() if v.dtype != self.dtype}
+            if wrong:
+                raise ConfigError(
+                    f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
+                    f"got {wrong}"
+                )
+            self.slots = {
+                suffix: [_zeros_variable(p) for p in self.params.values()]
+                for suffix in options.optimizer.state_suffixes
+            }
+            self.grad_buffers = [_zeros_variable(p) for p in self.params.values()]
+            self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+        self.loss_fn, self.classification = ops.loss_function(options.loss)
+        self._dropout = isinstance(model, MLP) and model.dropout > 0
+        self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
+        self._functions: dict[tuple[Any, ...], Any] = {}
+        self.trace_counts: collections.Counter[str] = collections.Counter()
+        self._pending: list[tf.Tensor] | None = None
+        self._accumulated = False
+        self._micro_batch = 0
+        self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
+
+    @property
+    def device(self) -> str:
+        """``"gpu"`` when running on a GPU, else ``"cpu"``."""
+        return "gpu" if "GPU" in self.device_name else "cpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a gradient was not finite (reads a device counter)."""
+        return int(self.skipped_count.numpy())
+
+    def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = batch
+        x = tf.convert_to_tensor(x)
+        if x.dtype != self.dtype:
+            x = tf.cast(x, self.dtype)
+        y = tf.convert_to_tensor(y)
+        if self.classification and y.dtype != tf.int64:
+            y = tf.cast(y, tf.int64)
+        elif not self.classification and y.dtype.is_floating and y.dtype != self.dtype:
+            y = tf.cast(y, self.dtype)
+        return x, y
+
+    def forward(self, batch: Batch) -> Any:
+        """Train-mode forward under a gradient tape; returns the loss (a device scalar).
+
+        The gradients are computed in the same compiled call and kept, as device tensors,
+        for :meth:`backward`: the protocol always follows a forward with a backward, and one
+        traced function is faster than replaying the tape eagerly.
+        """
+        x, y = self._tensors(batch)
+        function = self._batch_function("forward", self._forward_graph, x, y, _scalar(tf.int64))
+        loss, self._pending = function(x, y, tf.constant(self._micro_batch, tf.int64))
+        self._micro_batch += 1
+        return loss
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last forward to the gradient buffers."""
+        if self._pending is None:
+            raise ConfigError("backward() needs a forward() first (once per forward)")
+        signature = ([_spec(p, full=True) for p in self.params.values()], _scalar(self.dtype))
+        function = self._function(("accumulate",), self._accumulate_graph, signature)
+        function(self._pending, tf.constant(scale, self.dtype))
+        self._pending, self._accumulated = None, True
+
+    def step(self, lr: float) -> None:
+        """Clip, skip on a non-finite norm, update at ``lr``, zero the buffers (one call)."""
+        function = self._function(("step",), self._step_graph, (_scalar(self.dtype),))
+        function(tf.constant(lr, self.dtype))
+        self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def train_step(self, batch: Batch, lr: float) -> Any:
+        """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""
+        if self._accumulated:
+            raise ConfigError("train_step() with gradients pending from backward(); call step()")
+        x, y = self._tensors(batch)
+        function = self._batch_function(
+            "train_step", self._train_step_graph, x, y, _scalar(tf.int64), _scalar(self.dtype)
+        )
+        loss = function(x, y, tf.constant(self._micro_batch, tf.int64), tf.constant(lr, self.dtype))
+        self._micro_batch, self._pending = 0, None
+        return loss
+
+    def train_steps(self, batches: Batch, lrs: Any) -> Any:
+        """Run ``k`` updates in one compiled call; equal to ``k`` calls of :meth:`train_step`.
+
+        Args:
+            batches: ``(inputs, targets)`` stacked along a new leading axis of length ``k``
+                (all ``k`` batches the same size).
+            lrs: the ``k`` learning rates, one per update.
+
+        Returns:
+            The ``k`` losses as one device tensor.
+        """
+        xs, ys = self._tensors(batches)
+        lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
+        function = self._batch_function(
+            "train_steps", self._train_steps_graph, xs, ys, _vector(self.dtype), stacked=True
+        )
+        losses = function(xs, ys, lrs)
+        self._micro_batch, self._pending = 0, None
+        return losses
+
+    def set_device_data(self, inputs: Any, targets: Any) -> None:
+        """Copy a whole training set to the device for :meth:`train_steps_on_device`."""
+        with tf.device(self.device_name):
+            x, y = self._tensors((inputs, targets))
+            self._device_data = (tf.identity(x), tf.identity(y))
+
+    def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
+        """Run ``k`` updates on batches gathered by index from :meth:`set_device_data`'s set.
+
+        Args:
+            indices: int array ``(k, batch_size)``; row ``i`` holds the examples of update ``i``
+                (a smaller last batch of an epoch goes in a call of its own).
+            lrs: the ``k`` learning rates.
+
+        Returns:
+            The ``k`` losses as one device tensor; equal to ``train_step`` on the same batches.
+        """
+        if self._device_data is None:
+            raise ConfigError("train_steps_on_device() needs set_device_data() first")
+        x, y = self._device_data
+        indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
+        lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
+        signature = (
+            _spec(x, full=True),
+            _spec(y, full=True),
+            _matrix(tf.int64),
+            _vector(self.dtype),
+        )
+        key = ("train_steps_on_device", *(spec for spec in signature[:2]))
+        function = self._function(key, self._gather_steps_graph, signature)
+        losses = function(x, y, indices, lrs)
+        self._micro_batch, self._pending = 0, None
+        return losses
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Eval-mode metrics (no dropout, no gradients, no state change) as device scalars."""
+        x, y = self._tensors(batch)
+        return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
+
+    # -- compiled bodies (run only while tracing) ----------------------------------------------
+
+    def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
+        if isinstance(self.module, ops.TFMLP):
+            out = self.module(x, training=training, key=key)
+        else:
+            out = self.module(x, training=training)
+        target = y if self.classification else tf.reshape(y, tf.shape(out))
+        loss = self.loss_fn(out, target)
+        if self._keras_losses and self.module.losses:
+            loss = loss + tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
+        return out, loss
+
+    def _loss_and_grads(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
+        key = None
+        if self._dropout:
+            key = ops.dropout_key(self.options.seed, self.step_count.read_value(), micro_batch)
+        params = list(self.params.values())
+        with tf.GradientTape() as tape:
+            _, loss = self._model_loss(x, y, True, key)
+        grads = tape.gradient(loss, params)
+        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would.
+        return loss, [
+            tf.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+        ]
+
+    def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
+        norm = ops.global_norm(grads)
+
+        def apply() -> None:
+            clipped = grads
+            if self.options.grad_clip_norm is not None:
+                coefficient = ops.clip_coefficient(norm, self.options.grad_clip_norm, self.dtype)
+                clipped = [g * coefficient for g in grads]
+            step = self.step_count.read_value()
+            ops.update_parameters(
+                self.options.optimizer, list(self.params.values()), clipped, self.slots, step, lr
+            )
+            self.step_count.assign_add(1)
+
+        def skip() -> None:
+            self.skipped_count.assign_add(1)
+
+        tf.cond(tf.math.is_finite(norm), apply, skip)
+
+    def _forward_graph(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
+        return self._loss_and_grads(x, y, micro_batch)
+
+    def _accumulate_graph(self, grads: list[tf.Tensor], scale: tf.Tensor) -> None:
+        for buffer, g in zip(self.grad_buffers, grads, strict=True):
+            buffer.assign_add(g * scale)
+
+    def _step_graph(self, lr: tf.Tensor) -> None:
+        self._guarded_update([b.read_value() for b in self.grad_buffers], lr)
+        for buffer in self.grad_buffers:
+            buffer.assign(tf.zeros_like(buffer))
+
+    def _train_step_graph(
+        self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor, lr: tf.Tensor
+    ) -> tf.Tensor:
+        loss, grads = self._loss_and_grads(x, y, micro_batch)
+        self._guarded_update(grads, lr)
+        return loss
+
+    def _loop(self, batch_at: Callable[[tf.Tensor], Any], lrs: tf.Tensor) -> tf.Tensor:
+        """``len(lrs)`` fused steps in a ``tf.while_loop``; one trace serves every ``k``."""
+        k = tf.shape(lrs)[0]
+        micro_batch = tf.constant(0, tf.int64)
+
+        def body(i: tf.Tensor, losses: tf.TensorArray) -> tuple[tf.Tensor, tf.TensorArray]:
+            x, y = batch_at(i)
+            loss, grads = self._loss_and_grads(x, y, micro_batch)
+            self._guarded_update(grads, lrs[i])
+            return i + 1, losses.write(i, loss)
+
+        losses = tf.TensorArray(self.dtype, size=k)
+        # parallel_iterations=1: each update must see the parameters of the previous one.
+        _, losses = tf.while_loop(
+            lambda i, _: i < k, body, (tf.constant(0), losses), parallel_iterations=1
+        )
+        return losses.stack()
+
+    def _train_steps_graph(self, xs: tf.Tensor, ys: tf.Tensor, lrs: tf.Tensor) -> tf.Tensor:
+        return self._loop(lambda i: (xs[i], ys[i]), lrs)
+
+    def _gather_steps_graph(
+        self, x: tf.Tensor, y: tf.Tensor, indices: tf.Tensor, lrs: tf.Tensor
+    ) -> tf.Tensor:
+        return self._loop(lambda i: (tf.gather(x, indices[i]), tf.gather(y, indices[i])), lrs)
+
+    def _evaluate_graph(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        out, loss = self._model_loss(x, y, False, None)
+        metrics = {"loss": loss}
+        if self.classification:
+            correct = tf.equal(tf.argmax(out, axis=1, output_type=y.dtype), y)
+            metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
+        return metrics
+
+    # -- compilation ------------------------------------------------------------------------
+
+    def _function(self, key: tuple[Any, ...], body: Callable[..., Any], signature: Any) -> Any:
+        """The ``tf.function`` of ``body`` for ``key``, built (not yet traced) on first use."""
+        function = self._functions.get(key)
+        if function is None:
+            name = key[0]
+
+            def traced(*args: Any) -> Any:
+                self.trace_counts[name] += 1  # Python side effect: runs only while tracing
+                with tf.device(self.device_name):
+                    return body(*args)
+
+            function = tf.function(traced, input_signature=signature, autograph=False)
+            self._functions[key] = function
+        return function
+
+    def _batch_function(
+        self,
+        name: str,
+        body: Callable[..., Any],
+        x: tf.Tensor,
+        y: tf.Tensor,
+        *extra: tf.TensorSpec,
+        stacked: bool = False,
+    ) -> Any:
+        """A function per (name, input feature shapes and dtypes), batch axes left unknown."""
+        x_spec, y_spec = (
+            _spec(x, leading=2 if stacked else 1),
+            _spec(y, leading=2 if stacked else 1),
+        )
+        return self._function((name, x_spec, y_spec), body, (x_spec, y_spec, *extra))
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _optimizer_variables(self) -> dict[str, tf.Variable]:
+        """Optimizer slots under canonical names (``<param>.<suffix>``), param-major order."""
+        named: dict[str, tf.Variable] = {}
+        for index, name in enumerate(self.params):
+            for suffix, variables in self.slots.items():
+                named[f"{name}.{suffix}"] = variables[index]
+        return named
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and optimizer state as host numpy copies, canonical names."""
+        state = {f"model.{k}": np.array(v.numpy()) for k, v in self.variables.items()}
+        for key, variable in self._optimizer_variables().items():
+            state[f"optimizer.{key}"] = np.array(variable.numpy())
+        state["optimizer.step"] = np.asarray(self.step_count.numpy(), np.int64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Assign parameters and optimizer state; names and shapes must match exactly."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        with tf.device(self.device_name):
+            for name, variable in self.variables.items():
+                variable.assign(np.asarray(model[name], variable.dtype.as_numpy_dtype))
+            for name, variable in self._optimizer_variables().items():
+                variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
+            self.step_count.assign(int(opt["step"]))
+        self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def rng_state(self) -> dict[str, Any]:
+        """TensorFlow's global ``tf.random.Generator`` state (unitrain draws nothing from it)."""
+        generator = tf.random.get_global_generator()
+        return {"global_generator": generator.state.numpy().tolist()}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        if "global_generator" in state:
+            generator = tf.random.get_global_generator()
+            generator.reset(tf.constant(state["global_generator"], tf.int64))
+
+    def versions(self) -> dict[str, str]:
+        """TensorFlow's version (and Keras' for a Keras model, CUDA's on a GPU)."""
+        versions = {"tensorflow": tf.__version__}
+        keras = sys.modules.get("keras")
+        if keras is not None and isinstance(self.module, keras.layers.Layer):
+            versions["keras"] = keras.__version__
+        if self.device == "gpu":
+            cuda = tf.sysconfig.get_build_info().get("cuda_version")
+            if cuda:
+                versions["cuda"] = str(cuda)
+        return versions
+
+
+def _resolve_device(device: str) -> str:
+    if device not in ("cpu", "gpu", "auto"):
+        raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if device == "gpu" and not has_gpu:
+        raise ConfigError(
+            "device='gpu' but TensorFlow sees no GPU (is tensorflow-cpu installed, or CUDA "
+            "missing?); use 'cpu' or 'auto'"
+        )
+    return "/GPU:0" if device != "cpu" and has_gpu else "/CPU:0"
+
+
+def _make_deterministic() -> None:
+    # Process-wide switches, as torch.use_deterministic_algorithms is.
+    tf.config.experimental.enable_op_determinism()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+
+
+def _seed_global_rngs(seed: int) -> None:
+    # unitrain draws nothing from these; they are seeded (like torch.manual_seed) and saved
+    # in checkpoints for user code that does.
+    tf.random.set_seed(seed)
+    try:
+        tf.random.get_global_generator().reset_from_seed(seed)
+    except RuntimeError:  # op determinism on and no global generator set yet
+        tf.random.set_global_generator(tf.random.Generator.from_seed(seed))
+
+
+def _zeros_variable(like: tf.Variable) -> tf.Variable:
+    return tf.Variable(tf.zeros(like.shape, like.dtype), trainable=False)
+
+
+def _spec(tensor: Any, leading: int = 1, full: bool = False) -> tf.TensorSpec:
+    """A spec with the first ``leading`` axes unknown (all known with ``full``)."""
+    shape = list(tensor.shape)
+    if not full:
+        shape[:leading] = [None] * min(leading, len(shape))
+    return tf.TensorSpec(shape, tensor.dtype)
+
+
+def _scalar(dtype: tf.DType) -> tf.TensorSpec:
+    return tf.TensorSpec([], dtype)
+
+
+def _vector(dtype: tf.DType) -> tf.TensorSpec:
+    return tf.TensorSpec([None], dtype)
+
+
+def _matrix(dtype: tf.DType) -> tf.TensorSpec:
+    return tf.TensorSpec([None, None], dtype)

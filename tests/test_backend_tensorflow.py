@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from unitrain.backends.numpy import NumpyBackend
 
 import unitrain
 from unitrain import callbacks as cb
 from unitrain import optim, schedules
 from unitrain.backend import Backend, BackendOptions, FusedStep
+from unitrain.backends.numpy import NumpyBackend
 from unitrain.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from unitrain.config import TrainerConfig
 from unitrain.models import MLP

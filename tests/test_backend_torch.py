@@ -7,11 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from unitrain.backends.numpy import NumpyBackend  # noqa: E402
-from unitrain.backends.torch import TorchBackend  # noqa: E402
-
 from unitrain import ConfigError, Trainer, TrainerConfig, models, optim, schedules  # noqa: E402
 from unitrain.backend import BackendOptions  # noqa: E402
+from unitrain.backends.numpy import NumpyBackend  # noqa: E402
+from unitrain.backends.torch import TorchBackend  # noqa: E402
 
 MODEL = models.MLP((6, 10, 3))
 

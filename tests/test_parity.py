@@ -12,11 +12,10 @@ import itertools
 
 import numpy as np
 import pytest
+from _backends import FRAMEWORKS, backends
 
 from unitrain import Trainer, TrainerConfig, callbacks, models, optim, schedules
 from unitrain.recipes import default_trainer, load_digits
-
-from _backends import FRAMEWORKS, backends
 
 OTHERS = backends("torch", "jax", "tensorflow")
 

@@ -7,9 +7,9 @@ import sys
 import textwrap
 
 import pytest
-from unitrain.backends.numpy import NumpyBackend
 
 from unitrain import BackendNotFoundError, ConfigError, MissingFrameworkError, registry
+from unitrain.backends.numpy import NumpyBackend
 
 
 def test_lookup_by_name_and_by_module_path():

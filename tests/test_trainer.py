@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 from _backends import backend_param
-from unitrain.backends.numpy import NumpyBackend
 
 from unitrain import (
     ConfigError,
@@ -20,6 +19,7 @@ from unitrain import (
     schedules,
 )
 from unitrain.backend import BackendOptions
+from unitrain.backends.numpy import NumpyBackend
 from unitrain.recipes import default_trainer, load_digits
 
 BACKENDS = ["numpy", "torch"]

@@ -108,6 +108,8 @@ class TorchBackend:
         self._step = 0
         self._micro_batch = 0
         self._skipped = 0
+        self._found_inf = torch.zeros(1, device=self.torch_device)
+        self._one = torch.ones(1, device=self.torch_device)
         if isinstance(self.module, TorchMLP) and model.dropout:
             self.module.generator = torch.Generator(self.torch_device)
 
@@ -157,19 +159,12 @@ class TorchBackend:
 
     def step(self, lr: float) -> None:
         """Clip, skip on non-finite gradients, update at ``lr``, zero the gradients."""
-        params = [p for p in self.params.values() if p.grad is not None]
-        grads = [p.grad for p in params]
-        clip = self.options.grad_clip_norm
-        if grads:
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            # On CPU this read is free; on CUDA it is the one sync per step the guard costs.
-            if not bool(torch.isfinite(norm)):
-                self._skipped += 1
-                self.optimizer.zero_grad()
-                self._micro_batch = 0
-                return
-            if clip is not None:
-                torch._foreach_mul_(grads, torch.clamp(clip / (norm + optim.CLIP_EPSILON), max=1.0))
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if grads and not self._gradients_finite(grads):
+            self._skipped += 1
+            self.optimizer.zero_grad()
+            self._micro_batch = 0
+            return
         self._step += 1
         if isinstance(self.options.optimizer, optim.AdamW):
             self._adamw_step(lr)
@@ -179,6 +174,24 @@ class TorchBackend:
             self.optimizer.step()
         self.optimizer.zero_grad()
         self._micro_batch = 0
+
+    def _gradients_finite(self, grads: list[torch.Tensor]) -> bool:
+        """Clip ``grads`` in place if configured; return whether they are all finite.
+
+        Without clipping, the check is GradScaler's fused kernel (one pass, multiplying by an
+        exact 1.0), about ten times cheaper than a global norm on small models. On CPU the
+        read of the flag costs nothing; on CUDA it is the one sync per step the guard costs.
+        """
+        clip = self.options.grad_clip_norm
+        if clip is None:
+            self._found_inf.zero_()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, self._one)
+            return not bool(self._found_inf)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if not bool(torch.isfinite(norm)):
+            return False
+        torch._foreach_mul_(grads, torch.clamp(clip / (norm + optim.CLIP_EPSILON), max=1.0))
+        return True
 
     def _adamw_step(self, lr: float) -> None:
         spec = self.options.optimizer

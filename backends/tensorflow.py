@@ -41,11 +41,9 @@ import tensorflow as tf  # absolute: the framework, not this module
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.backends import _tensorflow_ops as ops
 from unitrain.models import MLP
 from unitrain.state import check_state, split_state
-
-# Relative: ruff files ``unitrain.backends`` under third-party (it maps to ``backends/``).
-from . import _tensorflow_ops as ops
 
 __all__ = ["TensorFlowBackend"]
 
@@ -67,6 +65,11 @@ class TensorFlowBackend:
     capabilities = Capabilities(
         devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
     )
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The devices TensorFlow can use on this machine."""
+        return ("cpu", "gpu") if tf.config.list_physical_devices("GPU") else ("cpu",)
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()

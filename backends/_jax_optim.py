@@ -38,7 +38,7 @@ __all__ = [
 class TorchAdamState(NamedTuple):
     """State of :func:`torch_adam`: updates applied, first and second moments."""
 
-    count: jax.Array
+    updates: jax.Array  # int32 updates applied; not ``count``, which would shadow tuple.count
     exp_avg: Any
     exp_avg_sq: Any
 
@@ -80,13 +80,13 @@ def torch_adam(
 
     def init(params: Any) -> TorchAdamState:
         return TorchAdamState(
-            count=jnp.zeros((), jnp.int32),
+            updates=jnp.zeros((), jnp.int32),
             exp_avg=jax.tree.map(jnp.zeros_like, params),
             exp_avg_sq=jax.tree.map(jnp.zeros_like, params),
         )
 
     def update(grads: Any, state: TorchAdamState, params: Any = None) -> tuple[Any, Any]:
-        count = state.count + 1
+        count = state.updates + 1
         t = count.astype(jnp.float32)
         bias_correction1 = -jnp.expm1(t * log_beta1)
         sqrt_bias_correction2 = jnp.sqrt(-jnp.expm1(t * log_beta2))
@@ -144,7 +144,7 @@ def build_optimizer(spec: optim.Optimizer) -> optax.GradientTransformation:
 
     # A strongly typed float32 initial value: a weakly typed one would change the state's
     # type after the first step and cost one retrace.
-    return optax.inject_hyperparams(factory)(learning_rate=np.float32(0.0))
+    return optax.inject_hyperparams(factory)(learning_rate=np.zeros((), np.float32))
 
 
 def guarded_update(
@@ -153,11 +153,12 @@ def guarded_update(
     opt_state: Any,
     grads: Any,
     lr: jax.Array,
-    clip_norm: float | None,
+    clip_norm: jax.Array,
 ) -> tuple[Any, Any, jax.Array]:
     """Clip, update at ``lr``, and keep the old values if the gradient norm is not finite.
 
-    The clip coefficient is torch's ``max_norm / (norm + 1e-6)`` clamped at one. Everything
+    The clip coefficient is torch's ``max_norm / (norm + 1e-6)`` clamped at one; an infinite
+    ``clip_norm`` gives exactly one, which is how "no clipping" is spelled here. Everything
     stays on the device: the non-finite check is a ``jnp.where`` on every leaf, so no step
     waits for the host.
 
@@ -167,9 +168,8 @@ def guarded_update(
     leaves = jax.tree.leaves(grads)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
     finite = jnp.isfinite(norm)
-    if clip_norm is not None:
-        coefficient = jnp.minimum(clip_norm / (norm + optim.CLIP_EPSILON), 1.0)
-        grads = jax.tree.map(lambda g: g * coefficient, grads)
+    coefficient = jnp.minimum(clip_norm / (norm + optim.CLIP_EPSILON), 1.0)
+    grads = jax.tree.map(lambda g: g * coefficient, grads)
     opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
     updates, new_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
@@ -188,9 +188,7 @@ def _is_slot_node(node: Any) -> bool:
 
 def export_slots(spec: optim.Optimizer, opt_state: Any) -> dict[str, Any]:
     """Canonical per-parameter optimizer state: ``{suffix: params-shaped pytree}``."""
-    nodes = [
-        n for n in jax.tree.leaves(opt_state, is_leaf=_is_slot_node) if _is_slot_node(n)
-    ]
+    nodes = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_slot_node) if _is_slot_node(n)]
     slots = {}
     for suffix in spec.state_suffixes:
         field = _SLOT_FIELDS[suffix]
@@ -198,15 +196,20 @@ def export_slots(spec: optim.Optimizer, opt_state: Any) -> dict[str, Any]:
     return slots
 
 
-def import_slots(opt_state: Any, slots: Mapping[str, Any], step: jax.Array) -> Any:
-    """``opt_state`` with its moment buffers replaced by ``slots`` and its counters by ``step``."""
+def import_slots(opt_state: Any, slots: Mapping[str, Any], step: int) -> Any:
+    """``opt_state`` with its moment buffers replaced by ``slots`` and its counters by ``step``.
+
+    Every counter gets its own array: the state is donated to each update, and XLA refuses
+    one buffer donated twice.
+    """
+    counter = lambda: jnp.asarray(step, jnp.int32)  # noqa: E731
 
     def replace(node: Any) -> Any:
         if isinstance(node, optax.TraceState):
             return node._replace(trace=slots["momentum"])
         if isinstance(node, TorchAdamState):
-            return TorchAdamState(step, slots["exp_avg"], slots["exp_avg_sq"])
+            return TorchAdamState(counter(), slots["exp_avg"], slots["exp_avg_sq"])
         return node
 
     opt_state = jax.tree.map(replace, opt_state, is_leaf=_is_slot_node)
-    return opt_state._replace(count=step)
+    return opt_state._replace(count=counter())

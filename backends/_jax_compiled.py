@@ -1,0 +1,164 @@
+"""The jitted pure functions of the JAX backend, built once per configuration and shared.
+
+Only what changes the program is static: the model, the loss and the optimizer description.
+Everything that may change between calls is a traced argument — the learning rate, the
+gradient scale, the update counter and micro-batch index of the dropout key, and the
+:class:`Settings` (seed, clip norm) — so none of them recompiles, and backends that differ
+only in seed or clip norm share one compiled program. :func:`functions` caches the set per
+configuration, so a resumed run or the conformance kit's many backends reuse the code.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from unitrain import optim
+from unitrain.backends._jax_model import dropout_key, loss_function, mlp_apply
+from unitrain.backends._jax_optim import build_optimizer, guarded_update
+from unitrain.models import MLP
+
+__all__ = ["DeviceState", "Functions", "Settings", "functions", "settings"]
+
+
+class DeviceState(NamedTuple):
+    """Everything an update reads and writes, kept on the device and donated to each update."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32: updates applied (the schedule's and the dropout key's step)
+    skipped: jax.Array  # int32: updates skipped for a non-finite gradient
+
+
+class Settings(NamedTuple):
+    """Per-backend constants passed as traced arguments, so they never cost a compile."""
+
+    seed: Any  # uint32[2]: the seed's low and high words
+    clip_norm: Any  # float32 scalar: the global-norm bound, +inf when clipping is off
+
+
+def settings(seed: int, clip_norm: float | None) -> Settings:
+    """:class:`Settings` as host arrays.
+
+    With no clipping the bound is +inf: the coefficient ``min(inf / (norm + 1e-6), 1)`` is
+    exactly one, and multiplying by one changes no bit, so this equals not clipping.
+    """
+    words = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint32)
+    bound = np.float32(np.inf if clip_norm is None else clip_norm)
+    return Settings(words, np.asarray(bound))
+
+
+class Functions(NamedTuple):
+    """The jitted functions of one configuration, and how many times each was traced."""
+
+    optimizer: optax.GradientTransformation
+    trace_counts: collections.Counter[str]
+    forward: Any
+    backward: Any
+    accumulate: Any
+    step: Any
+    train_step: Any
+    train_steps: Any
+    train_steps_indexed: Any
+    evaluate: Any
+
+
+def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> Functions:
+    """Jit the pure functions for ``model`` (an :class:`MLP` or a native apply function).
+
+    Donation: every update donates the :class:`DeviceState` it replaces, and ``accumulate``
+    donates the gradient buffers it adds into, so XLA updates them in place.
+    """
+    apply = mlp_apply(model) if isinstance(model, MLP) else model
+    loss_fn, classification = loss_function(loss)
+    optimizer = build_optimizer(optimizer_spec)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def train_loss(params: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any) -> Any:
+        outputs = apply(params, x, train=True, rng=dropout_key(cfg.seed, step, micro))
+        return loss_fn(outputs, y)
+
+    def update(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
+        params, opt_state, finite = guarded_update(
+            optimizer, state.params, state.opt_state, grads, lr, cfg.clip_norm
+        )
+        finite = finite.astype(jnp.int32)
+        return DeviceState(params, opt_state, state.step + finite, state.skipped + 1 - finite)
+
+    def fused(state: DeviceState, x: Any, y: Any, lr: Any, cfg: Settings) -> tuple[Any, Any]:
+        # micro_batch 0: the fused path only runs with no forward pending.
+        loss, grads = jax.value_and_grad(train_loss)(state.params, x, y, cfg, state.step, 0)
+        return update(state, grads, lr, cfg), loss
+
+    def forward(params: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any) -> Any:
+        counts["forward"] += 1
+        return jax.vjp(lambda p: train_loss(p, x, y, cfg, step, micro), params)
+
+    def backward(vjp: Any, scale: Any) -> Any:
+        counts["backward"] += 1
+        return vjp(scale)[0]
+
+    def accumulate(vjp: Any, grads: Any, scale: Any) -> Any:
+        counts["accumulate"] += 1
+        return jax.tree.map(jnp.add, grads, vjp(scale)[0])
+
+    def step(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
+        counts["step"] += 1
+        return update(state, grads, lr, cfg)
+
+    def train_step(state: DeviceState, x: Any, y: Any, lr: Any, cfg: Settings) -> Any:
+        counts["train_step"] += 1
+        return fused(state, x, y, lr, cfg)
+
+    def train_steps(state: DeviceState, xs: Any, ys: Any, lrs: Any, cfg: Settings) -> Any:
+        counts["train_steps"] += 1
+        return jax.lax.scan(lambda s, xyl: fused(s, *xyl, cfg), state, (xs, ys, lrs))
+
+    def train_steps_indexed(
+        state: DeviceState, data: tuple[Any, Any], indices: Any, lrs: Any, cfg: Settings
+    ) -> Any:
+        counts["train_steps_indexed"] += 1
+
+        def body(s: DeviceState, index_and_lr: tuple[Any, Any]) -> tuple[Any, Any]:
+            index, lr = index_and_lr  # the gather runs inside the loop: one batch at a time
+            return fused(s, data[0][index], data[1][index], lr, cfg)
+
+        return jax.lax.scan(body, state, (indices, lrs))
+
+    def evaluate(params: Any, x: Any, y: Any) -> dict[str, Any]:
+        counts["evaluate"] += 1
+        outputs = apply(params, x, train=False, rng=None)
+        metrics = {"loss": loss_fn(outputs, y)}
+        if classification:
+            metrics["accuracy"] = jnp.mean(jnp.argmax(outputs, axis=-1) == y, dtype=jnp.float32)
+        return metrics
+
+    return Functions(
+        optimizer=optimizer,
+        trace_counts=counts,
+        forward=jax.jit(forward),
+        backward=jax.jit(backward),
+        accumulate=jax.jit(accumulate, donate_argnums=1),
+        step=jax.jit(step, donate_argnums=0),
+        train_step=jax.jit(train_step, donate_argnums=0),
+        train_steps=jax.jit(train_steps, donate_argnums=0),
+        train_steps_indexed=jax.jit(train_steps_indexed, donate_argnums=0),
+        evaluate=jax.jit(evaluate),
+    )
+
+
+_cached_functions = functools.lru_cache(maxsize=16)(build_functions)
+
+
+def functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> Functions:
+    """:func:`build_functions`, cached per ``(model, loss, optimizer)``."""
+    try:
+        return _cached_functions(model, loss, optimizer_spec)
+    except TypeError:  # an unhashable native model or loss: compile for this backend alone
+        return build_functions(model, loss, optimizer_spec)

@@ -1,0 +1,343 @@
+"""The JAX backend: jitted pure functions over a params pytree, optax optimizers.
+
+Models are :class:`unitrain.models.MLP` (canonical names, portable checkpoints) or a native
+:class:`JaxModel` / ``(apply, params)`` pair. Everything the training loop changes — params,
+optimizer state, the update counter and the skipped-update counter — lives on the device in
+one pytree that every jitted update donates and returns, so no step copies the weights or
+waits for the host; the skipped counter is read only when :attr:`JaxBackend.skipped_steps`
+is (the Trainer's logging points).
+
+- ``forward`` runs ``jax.vjp`` under jit and keeps the VJP (the residuals, not a recompute);
+  ``backward(scale)`` pulls ``scale`` back through it, which is ``scale`` times the gradients,
+  and adds them to the buffers; ``step(lr)`` is one jitted clip + update + non-finite guard.
+- ``train_step(batch, lr)`` fuses the three into one jitted call (the Trainer's fast path).
+- The learning rate, the dropout key's ``(seed, step, micro_batch)`` and the clip norm are
+  traced arguments, so changing them never recompiles (see :attr:`JaxBackend.trace_counts`),
+  and backends that share model, loss and optimizer share compiled code
+  (:mod:`._jax_compiled`).
+
+Backend-specific fast paths, not used by the Trainer: :meth:`JaxBackend.train_steps` runs k
+updates in one ``lax.scan``, and :meth:`JaxBackend.put_dataset` +
+:meth:`JaxBackend.train_steps_indexed` keep the training set on the device and gather each
+batch by index inside the compiled loop. Both equal k :meth:`JaxBackend.train_step` calls
+bit for bit on CPU (tested).
+
+JAX runs in float32 here: this module never enables x64, which is process-wide and would
+change other code's arrays. Deterministic mode calls every jitted function under
+``jax.default_matmul_precision("highest")`` (no TF32 on GPU; a context, not a global
+switch) and, if JAX has not started its backends yet, adds ``--xla_gpu_deterministic_ops=true``
+to ``XLA_FLAGS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from unitrain._errors import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.backends._jax_compiled import DeviceState, functions, settings
+from unitrain.backends._jax_model import (
+    JaxModel,
+    as_apply_and_params,
+    flatten_params,
+    loss_function,
+    unflatten_params,
+)
+from unitrain.backends._jax_optim import export_slots, import_slots
+from unitrain.state import check_state, split_state
+
+__all__ = ["JaxBackend", "JaxModel"]
+
+
+class JaxBackend:
+    """JAX implementation of the :class:`unitrain.backend.Backend` protocol, with a fused step.
+
+    Attributes:
+        trace_counts: how many times each jitted function was traced (one per new input
+            shape or structure); a diagnostic that shows a changing LR never retraces. It is
+            shared with every backend of the same configuration, which shares the compiled
+            functions too.
+    """
+
+    name = "jax"
+    capabilities = Capabilities(devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True)
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The devices JAX can use on this machine."""
+        kinds = {"gpu" if d.platform in ("gpu", "cuda", "rocm") else "cpu" for d in jax.devices()}
+        return tuple(sorted(kinds | {"cpu"}))
+
+    def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        self.options = options = options or BackendOptions()
+        if options.dtype != "float32":
+            raise ConfigError(
+                f"the jax backend trains in float32 only (x64 stays off), got {options.dtype!r}"
+            )
+        if options.deterministic and options.device != "cpu":
+            _request_deterministic_gpu_ops()
+        self.jax_device = _resolve_device(options.device)
+        apply, params, self.portable = as_apply_and_params(model, options.seed)
+        _, self.classification = loss_function(options.loss)
+        self._fn = functions(model if self.portable else apply, options.loss, options.optimizer)
+        self._settings = self._put(settings(options.seed, options.grad_clip_norm))
+        self.optimizer = self._fn.optimizer
+        self.trace_counts = self._fn.trace_counts
+        # The state dict lists parameters in the model's own order (layer by layer for MLP),
+        # not in the sorted order of a JAX dict pytree.
+        self._names = list(params) if _is_flat_dict(params) else list(flatten_params(params))
+        params = jax.tree.map(lambda a: self._put(np.asarray(a, np.float32)), params)
+        self._template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+        self._state = DeviceState(
+            params,
+            self._put(self.optimizer.init(params)),
+            self._put(np.zeros((), np.int32)),
+            self._put(np.zeros((), np.int32)),
+        )
+        self._grads: Any = None  # None means zero: the fused path never allocates buffers
+        self._vjp: Any = None
+        self._micro_batch = 0
+        self._data: tuple[Any, Any] | None = None
+
+    @property
+    def device(self) -> str:
+        """``"gpu"`` on a CUDA/ROCm device, else ``"cpu"``."""
+        return "cpu" if self.jax_device.platform == "cpu" else "gpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a gradient was not finite (reads a device counter)."""
+        return int(self._state.skipped)
+
+    def _context(self) -> Any:
+        # The precision is read when a function is traced and is part of jit's cache key, so
+        # every call (not only the first) runs under the same setting.
+        if self.options.deterministic:
+            return jax.default_matmul_precision("highest")
+        return contextlib.nullcontext()
+
+    def _put(self, value: Any) -> Any:
+        return jax.device_put(value, self.jax_device)
+
+    def _arrays(self, batch: Batch) -> tuple[Any, Any]:
+        """The batch as float32 inputs and int32 class labels (x64 is off).
+
+        Host arrays go to the jitted functions as they are: jit copies them to the device of
+        the (committed) state in its C++ fast path, quicker than a ``device_put`` here.
+        """
+        x, y = batch
+        if not isinstance(x, jax.Array):
+            x = np.asarray(x, np.float32)
+        if not isinstance(y, jax.Array):
+            y = np.asarray(y)
+            if self.classification or np.issubdtype(y.dtype, np.integer):
+                y = y.astype(np.int32, copy=False)
+            elif np.issubdtype(y.dtype, np.floating):
+                y = y.astype(np.float32, copy=False)
+        return x, y
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def forward(self, batch: Batch) -> Any:
+        """Train-mode forward; keeps the VJP for backward and returns the loss (no host sync)."""
+        x, y = self._arrays(batch)
+        micro = np.int32(self._micro_batch)
+        with self._context():
+            loss, self._vjp = self._fn.forward(
+                self._state.params, x, y, self._settings, self._state.step, micro
+            )
+        self._micro_batch += 1
+        return loss
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last forward's loss to the buffers."""
+        if self._vjp is None:
+            raise ConfigError(
+                "backward() needs a forward() first (each forward backs one backward)"
+            )
+        cotangent = np.float32(scale)  # d(scale * loss)/d(loss), pulled back through the VJP
+        with self._context():
+            if self._grads is None:
+                self._grads = self._fn.backward(self._vjp, cotangent)
+            else:
+                self._grads = self._fn.accumulate(self._vjp, self._grads, cotangent)
+        self._vjp = None
+
+    def step(self, lr: float) -> None:
+        """Clip, update at ``lr`` unless a gradient is not finite, zero the buffers."""
+        grads = self._grads
+        if grads is None:
+            grads = jax.tree.map(jnp.zeros_like, self._state.params)
+        self._grads = self._vjp = None
+        with self._context():
+            self._state = self._fn.step(self._state, grads, np.float32(lr), self._settings)
+        self._micro_batch = 0
+
+    def train_step(self, batch: Batch, lr: float) -> Any:
+        """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call."""
+        if self._grads is not None or self._vjp is not None:
+            loss = self.forward(batch)  # gradients are pending: keep the three-call semantics
+            self.backward()
+            self.step(lr)
+            return loss
+        x, y = self._arrays(batch)
+        with self._context():
+            self._state, loss = self._fn.train_step(
+                self._state, x, y, np.float32(lr), self._settings
+            )
+        return loss
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Eval-mode batch means (``loss``, ``accuracy`` for classification): no dropout."""
+        x, y = self._arrays(batch)
+        with self._context():
+            return self._fn.evaluate(self._state.params, x, y)
+
+    # -- fast paths beyond the protocol -------------------------------------------------------
+
+    def train_steps(self, batches: Batch, lrs: Any) -> jax.Array:
+        """Run ``k`` updates in one compiled ``lax.scan``; equal to ``k`` :meth:`train_step` calls.
+
+        Args:
+            batches: ``(xs, ys)`` stacked along a new leading axis of length ``k``.
+            lrs: the ``k`` learning rates, one per update.
+
+        Returns:
+            The ``k`` training losses (a device array).
+        """
+        self._check_no_pending("train_steps")
+        xs, ys = self._arrays(batches)
+        with self._context():
+            self._state, losses = self._fn.train_steps(
+                self._state, xs, ys, _lrs(lrs), self._settings
+            )
+        return losses
+
+    def put_dataset(self, x: Any, y: Any) -> None:
+        """Copy a whole training set to the device once, for :meth:`train_steps_indexed`."""
+        self._data = self._put(self._arrays((x, y)))
+
+    def train_steps_indexed(self, indices: Any, lrs: Any) -> jax.Array:
+        """``k`` updates on batches gathered on the device from the :meth:`put_dataset` arrays.
+
+        Args:
+            indices: integer array ``(k, batch_size)``: row ``i`` lists update ``i``'s examples.
+            lrs: the ``k`` learning rates.
+
+        Returns:
+            The ``k`` training losses (a device array).
+        """
+        if self._data is None:
+            raise ConfigError("train_steps_indexed() needs put_dataset(x, y) first")
+        self._check_no_pending("train_steps_indexed")
+        indices = np.asarray(indices, np.int32)
+        with self._context():
+            self._state, losses = self._fn.train_steps_indexed(
+                self._state, self._data, indices, _lrs(lrs), self._settings
+            )
+        return losses
+
+    def _check_no_pending(self, what: str) -> None:
+        if self._grads is not None or self._vjp is not None:
+            raise ConfigError(f"{what}() runs whole updates; call step() for the pending gradients")
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and optimizer state as host numpy copies under canonical names."""
+        host = jax.device_get(self._state)
+        params = flatten_params(host.params)
+        slots = {
+            k: flatten_params(v)
+            for k, v in export_slots(self.options.optimizer, host.opt_state).items()
+        }
+        state = {f"model.{k}": np.array(params[k], np.float32) for k in self._names}
+        state["optimizer.step"] = np.asarray(int(host.step), np.int64)
+        for name in self._names:
+            for suffix, values in slots.items():
+                state[f"optimizer.{name}.{suffix}"] = np.array(values[name], np.float32)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace parameters and optimizer state; names and shapes must match exactly."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        step = int(opt.pop("step"))
+        if not 0 <= step < 2**31:
+            raise ConfigError(f"optimizer.step must be in [0, 2**31) here, got {step}")
+        device_array = lambda a: self._put(np.array(a, np.float32))  # noqa: E731
+        params = unflatten_params(self._template, {k: device_array(v) for k, v in model.items()})
+        slots = {
+            suffix: unflatten_params(
+                self._template, {name: device_array(opt[f"{name}.{suffix}"]) for name in model}
+            )
+            for suffix in self.options.optimizer.state_suffixes
+        }
+        opt_state = self._put(import_slots(self.optimizer.init(params), slots, step))
+        step_array = self._put(np.asarray(step, np.int32))
+        self._state = DeviceState(params, opt_state, step_array, self._state.skipped)
+        self._micro_batch = 0
+
+    def rng_state(self) -> dict[str, Any]:
+        """Nothing: JAX has no global generator and dropout keys come from the step."""
+        return {}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""
+
+    def versions(self) -> dict[str, str]:
+        """Versions of jax, jaxlib and optax."""
+        return {
+            "jax": jax.__version__,
+            "jaxlib": importlib.metadata.version("jaxlib"),
+            "optax": optax.__version__,
+        }
+
+
+def _is_flat_dict(params: Any) -> bool:
+    return isinstance(params, Mapping) and not any(
+        isinstance(v, (Mapping, list, tuple)) for v in params.values()
+    )
+
+
+def _lrs(lrs: Any) -> np.ndarray:
+    lrs = np.asarray(lrs, np.float32)
+    if lrs.ndim != 1:
+        raise ConfigError(f"lrs must be a 1-D array of learning rates, got shape {lrs.shape}")
+    return lrs
+
+
+def _resolve_device(device: str) -> Any:
+    if device not in ("cpu", "gpu", "auto"):
+        raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
+    if device != "cpu":
+        try:
+            return jax.devices("gpu")[0]
+        except RuntimeError:
+            if device == "gpu":
+                raise ConfigError(
+                    "device='gpu' but jax sees no GPU (install jax[cuda12] for CUDA); "
+                    "use 'cpu' or 'auto'"
+                ) from None
+    return jax.devices("cpu")[0]
+
+
+def _request_deterministic_gpu_ops() -> None:
+    """Ask XLA for deterministic GPU kernels; only possible before JAX starts its backends."""
+    try:  # no public API tells whether the backends have started
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:  # pragma: no cover - a future jax moved it; precision still applies
+        return
+    flag = "--xla_gpu_deterministic_ops=true"
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag not in flags and not backends_are_initialized():
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()

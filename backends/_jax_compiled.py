@@ -65,7 +65,7 @@ class Functions(NamedTuple):
     step: Any
     train_step: Any
     train_steps: Any
-    train_steps_indexed: Any
+    train_steps_on_device: Any
     evaluate: Any
 
 
@@ -120,10 +120,10 @@ def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> F
         counts["train_steps"] += 1
         return jax.lax.scan(lambda s, xyl: fused(s, *xyl, cfg), state, (xs, ys, lrs))
 
-    def train_steps_indexed(
+    def train_steps_on_device(
         state: DeviceState, data: tuple[Any, Any], indices: Any, lrs: Any, cfg: Settings
     ) -> Any:
-        counts["train_steps_indexed"] += 1
+        counts["train_steps_on_device"] += 1
 
         def body(s: DeviceState, index_and_lr: tuple[Any, Any]) -> tuple[Any, Any]:
             index, lr = index_and_lr  # the gather runs inside the loop: one batch at a time
@@ -148,7 +148,7 @@ def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> F
         step=jax.jit(step, donate_argnums=0),
         train_step=jax.jit(train_step, donate_argnums=0),
         train_steps=jax.jit(train_steps, donate_argnums=0),
-        train_steps_indexed=jax.jit(train_steps_indexed, donate_argnums=0),
+        train_steps_on_device=jax.jit(train_steps_on_device, donate_argnums=0),
         evaluate=jax.jit(evaluate),
     )
 

@@ -17,8 +17,8 @@ is (the Trainer's logging points).
   (:mod:`._jax_compiled`).
 
 Backend-specific fast paths, not used by the Trainer: :meth:`JaxBackend.train_steps` runs k
-updates in one ``lax.scan``, and :meth:`JaxBackend.put_dataset` +
-:meth:`JaxBackend.train_steps_indexed` keep the training set on the device and gather each
+updates in one ``lax.scan``, and :meth:`JaxBackend.set_device_data` +
+:meth:`JaxBackend.train_steps_on_device` keep the training set on the device and gather each
 batch by index inside the compiled loop. Both equal k :meth:`JaxBackend.train_step` calls
 bit for bit on CPU (tested).
 
@@ -222,12 +222,12 @@ class JaxBackend:
             )
         return losses
 
-    def put_dataset(self, x: Any, y: Any) -> None:
-        """Copy a whole training set to the device once, for :meth:`train_steps_indexed`."""
+    def set_device_data(self, x: Any, y: Any) -> None:
+        """Copy a whole training set to the device once, for :meth:`train_steps_on_device`."""
         self._data = self._put(self._arrays((x, y)))
 
-    def train_steps_indexed(self, indices: Any, lrs: Any) -> jax.Array:
-        """``k`` updates on batches gathered on the device from the :meth:`put_dataset` arrays.
+    def train_steps_on_device(self, indices: Any, lrs: Any) -> jax.Array:
+        """``k`` updates on batches gathered on the device from the :meth:`set_device_data` arrays.
 
         Args:
             indices: integer array ``(k, batch_size)``: row ``i`` lists update ``i``'s examples.
@@ -237,11 +237,11 @@ class JaxBackend:
             The ``k`` training losses (a device array).
         """
         if self._data is None:
-            raise ConfigError("train_steps_indexed() needs put_dataset(x, y) first")
-        self._check_no_pending("train_steps_indexed")
+            raise ConfigError("train_steps_on_device() needs set_device_data(x, y) first")
+        self._check_no_pending("train_steps_on_device")
         indices = np.asarray(indices, np.int32)
         with self._context():
-            self._state, losses = self._fn.train_steps_indexed(
+            self._state, losses = self._fn.train_steps_on_device(
                 self._state, self._data, indices, _lrs(lrs), self._settings
             )
         return losses

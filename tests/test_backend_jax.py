@@ -324,14 +324,16 @@ def test_train_steps_equals_single_steps():
     assert relative_error(many.state_dict(), single.state_dict()) <= 1e-6
 
 
-def test_train_steps_indexed_gathers_on_device():
+def test_train_steps_on_device_gathers_on_device():
     opts = options(optimizer=optim.AdamW())
     indexed, stacked_backend = JaxBackend(DROPOUT, opts), JaxBackend(DROPOUT, opts)
     x, y = batch(0, n=100)
     indices = np.random.default_rng(1).permutation(96).reshape(3, 32)
-    indexed.put_dataset(x, y)
+    indexed.set_device_data(x, y)
     expected = stacked_backend.train_steps((x[indices], y[indices]), [0.1, 0.05, 0.02])
-    np.testing.assert_array_equal(indexed.train_steps_indexed(indices, [0.1, 0.05, 0.02]), expected)
+    np.testing.assert_array_equal(
+        indexed.train_steps_on_device(indices, [0.1, 0.05, 0.02]), expected
+    )
     assert same(indexed.state_dict(), stacked_backend.state_dict())
 
 
@@ -470,8 +472,8 @@ def test_other_models_states_and_misuse_are_refused():
         backend.backward()
     with pytest.raises(ConfigError, match="missing keys"):
         backend.load_state_dict(JaxBackend(SMALL, options()).state_dict())
-    with pytest.raises(ConfigError, match="put_dataset"):
-        backend.train_steps_indexed(np.zeros((1, 4)), [0.1])
+    with pytest.raises(ConfigError, match="set_device_data"):
+        backend.train_steps_on_device(np.zeros((1, 4)), [0.1])
     backend.forward(batch())
     backend.backward()
     with pytest.raises(ConfigError, match="pending"):

@@ -9,6 +9,7 @@ import pytest
 from _backends import backend_param
 
 from unitrain import (
+    ArrayLoader,
     ConfigError,
     DataError,
     NonFiniteError,
@@ -302,3 +303,80 @@ def test_mse_regression_trains():
     history = trainer.fit((x, y), (x, y))
     assert history[-1]["val_loss"] < 0.05 * history[0]["val_loss"]
     assert "val_accuracy" not in history[-1]
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow")])
+def test_multi_step_calls_and_device_data_equal_single_steps(backend, digits, tmp_path):
+    """steps_per_call=k and data_on_device change the speed, not the numbers."""
+    x, y = digits.x_train[:330], digits.y_train[:330]  # 10 full batches + one of 10 per epoch
+    results = {}
+    for k, on_device in ((1, False), (4, False), (4, True), (1, True)):
+        config = TrainerConfig(
+            epochs=2, device="cpu", steps_per_call=k, data_on_device=on_device, log_every_n_steps=3
+        )
+        trainer = Trainer(
+            models.MLP((64, 16, 10)),
+            backend=backend,
+            optimizer=optim.Adam(),
+            schedule=schedules.LinearDecay(1e-2, 1e-3, 22),
+            config=config,
+        )
+        history = trainer.fit(ArrayLoader(x, y, 32, seed=1))
+        assert trainer.state.step == 22
+        results[k, on_device] = trainer.backend.state_dict(), [row["loss"] for row in history]
+    state, losses = results[1, False]
+    for other, other_losses in results.values():
+        for key in state:
+            np.testing.assert_allclose(other[key], state[key], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(other_losses, losses, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow")])
+def test_multi_step_run_resumes_bit_exactly(backend, digits, tmp_path):
+    from unitrain import callbacks
+
+    x, y = digits.x_train[:330], digits.y_train[:330]
+
+    def run(directory, stop_at=None):
+        class Stop:
+            def on_batch_end(self, trainer, batch, logs):
+                if stop_at is not None and trainer.state.step >= stop_at:
+                    raise KeyboardInterrupt
+
+        config = TrainerConfig(
+            epochs=3, device="cpu", steps_per_call=4, checkpoint_dir=str(directory)
+        )
+        hooks = [callbacks.ModelCheckpoint(every_n_steps=6, every_n_epochs=None), Stop()]
+        trainer = Trainer(
+            models.MLP((64, 16, 10)),
+            backend=backend,
+            optimizer=optim.Adam(),
+            schedule=schedules.Constant(1e-3),
+            callbacks=hooks,
+            config=config,
+        )
+        return trainer
+
+    full = run(tmp_path / "full")
+    full.fit(ArrayLoader(x, y, 32, seed=1))
+    stopped = run(tmp_path / "cut", stop_at=17)
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit(ArrayLoader(x, y, 32, seed=1))
+    resumed = run(tmp_path / "cut")
+    resumed.fit(ArrayLoader(x, y, 32, seed=1), resume="latest")
+    for key, value in full.backend.state_dict().items():
+        assert np.array_equal(resumed.backend.state_dict()[key], value), key
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in full.history]
+
+
+def test_steps_per_call_without_backend_support_warns():
+    with pytest.warns(UserWarning, match="no multi-step call"):
+        Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(steps_per_call=4))
+    with pytest.raises(ConfigError, match="steps_per_call"):
+        TrainerConfig(steps_per_call=2, grad_accum_steps=2)
+    trainer = Trainer(
+        models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(epochs=1, data_on_device=True)
+    )
+    with pytest.warns(UserWarning, match="cannot keep data on the device"):
+        trainer.fit(small_data())
+    assert trainer.state.step == 2

@@ -16,7 +16,15 @@ import numpy as np
 
 from unitrain.optim import Optimizer
 
-__all__ = ["Backend", "BackendOptions", "Batch", "Capabilities", "FusedStep"]
+__all__ = [
+    "Backend",
+    "BackendOptions",
+    "Batch",
+    "Capabilities",
+    "DeviceData",
+    "FusedStep",
+    "MultiStep",
+]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
 Batch = tuple[Any, Any]
@@ -145,4 +153,30 @@ class FusedStep(Protocol):
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """Equal to ``forward(batch); backward(); step(lr)``; returns the loss."""
+        ...
+
+
+@runtime_checkable
+class MultiStep(Protocol):
+    """Optional: several updates in one compiled call (``TrainerConfig.steps_per_call``)."""
+
+    def train_steps(self, batches: Batch, lrs: Any) -> Any:
+        """Equal to ``k`` ``train_step`` calls; returns the ``k`` losses as one array.
+
+        ``batches`` are ``k`` equal-sized batches stacked on a new leading axis; ``lrs`` the
+        ``k`` learning rates, a float array.
+        """
+        ...
+
+
+@runtime_checkable
+class DeviceData(Protocol):
+    """Optional: the training set kept on the device (``TrainerConfig.data_on_device``)."""
+
+    def set_device_data(self, inputs: Any, targets: Any) -> None:
+        """Copy the whole training set to the device once."""
+        ...
+
+    def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
+        """Like ``train_steps`` on the batches gathered by ``indices`` (``k x batch``)."""
         ...

@@ -43,6 +43,12 @@ class TrainerConfig:
         dtype: parameter dtype.
         nonfinite: one of :data:`NONFINITE_POLICIES`.
         checkpoint_dir: where ModelCheckpoint writes and ``resume="latest"`` looks.
+        steps_per_call: run this many updates per compiled call when the backend offers
+            ``train_steps`` (JAX, TensorFlow); results equal single steps. Batch hooks then
+            fire once per call, and logging/step checkpoints happen at call boundaries.
+        data_on_device: with an :class:`~unitrain.data.ArrayLoader` and a backend offering
+            ``set_device_data``, copy the training set to the device once and gather batches
+            there by index.
 
     Examples:
         >>> TrainerConfig(epochs=3).epochs
@@ -61,6 +67,8 @@ class TrainerConfig:
     dtype: str = "float32"
     nonfinite: str = "raise"
     checkpoint_dir: str | None = None
+    steps_per_call: int = 1
+    data_on_device: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("epochs", self.epochs)
@@ -69,6 +77,12 @@ class TrainerConfig:
         _positive_int("log_every_n_steps", self.log_every_n_steps)
         _positive_int("val_every_n_epochs", self.val_every_n_epochs)
         _positive_int("seed", self.seed, minimum=0)
+        _positive_int("steps_per_call", self.steps_per_call)
+        if self.steps_per_call > 1 and self.grad_accum_steps > 1:
+            raise ConfigError(
+                "TrainerConfig: steps_per_call > 1 runs whole updates per call and cannot "
+                "accumulate gradients; use one of steps_per_call or grad_accum_steps"
+            )
         if self.grad_clip_norm is not None and (
             isinstance(self.grad_clip_norm, bool)
             or not isinstance(self.grad_clip_norm, (int, float))

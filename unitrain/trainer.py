@@ -16,10 +16,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import unitrain
 from unitrain import rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
-from unitrain.backend import Backend, BackendOptions, FusedStep
+from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
 from unitrain.callbacks._base import CallbackList
 from unitrain.checkpoint import (
     list_checkpoints,
@@ -129,7 +131,17 @@ class Trainer:
         self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
+        self._multi_step = isinstance(self.backend, MultiStep) and config.steps_per_call > 1
+        if config.steps_per_call > 1 and not self._multi_step:
+            warnings.warn(
+                f"steps_per_call={config.steps_per_call}, but the {self.backend.name} backend "
+                "has no multi-step call; running one update per call",
+                stacklevel=2,
+            )
+        self._device_source: BatchSource | None = None  # the source copied to the device
         self._loss_sum: Any = 0.0  # a backend scalar once training starts
+        self._step_losses: Any = None  # losses of multi-step calls, a device vector
+        self._step_losses_batch = 0
         self._count = 0
         self._last_lr = self.lr
         rng.seed_everything(config.seed)
@@ -161,6 +173,7 @@ class Trainer:
         source = self._source(train_data, "train_data", shuffle=True)
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
+        self._place_on_device(source)
         checkpoint_state = None
         if resume == "latest" and self._nothing_to_resume():
             warnings.warn(
@@ -203,7 +216,7 @@ class Trainer:
         callback_states = pack_tensors(self.callbacks.state_dict(), "callbacks", callback_tensors)
         info = {
             **dataclasses.asdict(self.state),
-            "running": {"loss_sum": float(self._loss_sum), "count": self._count},
+            "running": {"loss_sum": self._running_loss_sum(), "count": self._count},
             "lr_factor": self.lr_factor,
             "skipped_steps": self.skipped_steps,
             "schedule": self.schedule.to_dict(),
@@ -231,8 +244,11 @@ class Trainer:
         if self.state.batch == 0:
             self._reset_running()
         self.callbacks.call("on_epoch_begin", self, epoch)
-        for group in self._groups(source.batches(epoch, self.state.batch)):
-            self._train_group(group)
+        for kind, payload, steps, batch_size in self._units(source, epoch):
+            if kind == "group":
+                self._train_group(payload)
+            else:
+                self._train_steps(kind, payload, steps, batch_size)
             if self.state.stop_training:
                 break
         logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
@@ -246,10 +262,47 @@ class Trainer:
         self._reset_running()
         self.callbacks.call("on_epoch_end", self, epoch, logs)
 
-    def _groups(self, batches: Iterator[Batch]) -> Iterator[list[Batch]]:
-        k = self.config.grad_accum_steps
-        while group := list(islice(batches, k)):
-            yield group
+    def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
+        """The epoch's work from the current position: ``(kind, payload, updates, batch)``.
+
+        ``group`` units are one update from ``grad_accum_steps`` micro-batches; ``stacked``
+        and ``indexed`` units are ``steps_per_call`` updates in one compiled call, on host
+        batches stacked together or on indices into the data kept on the device. Batches
+        that do not fill a whole call (the end of an epoch) go one update at a time.
+        """
+        start, k = self.state.batch, self.config.steps_per_call
+        if self._device_source is source:
+            assert isinstance(source, ArrayLoader)
+            order, size = source.order(epoch), source.batch_size
+            full = len(order) // size
+            while start + k <= full:
+                yield "indexed", order[start * size : (start + k) * size].reshape(k, size), k, size
+                start += k
+        batches = source.batches(epoch, start)
+        if k > 1 and self._multi_step:
+            while chunk := list(islice(batches, k)):
+                sizes = {len(batch[0]) for batch in chunk}
+                if len(chunk) < k or len(sizes) > 1:
+                    yield from (("group", [batch], 1, len(batch[0])) for batch in chunk)
+                    continue
+                stacked = (np.stack([b[0] for b in chunk]), np.stack([b[1] for b in chunk]))
+                yield "stacked", stacked, k, sizes.pop()
+            return
+        while group := list(islice(batches, self.config.grad_accum_steps)):
+            yield "group", group, 1, 0
+
+    def _train_steps(self, kind: str, payload: Any, steps: int, batch_size: int) -> None:
+        """``steps`` updates in one compiled call of the backend."""
+        state = self.state
+        lrs = np.array([self.schedule(state.step + i) for i in range(steps)]) * self.lr_factor
+        self.callbacks.call("on_batch_begin", self, state.batch)
+        run = self.backend.train_steps_on_device if kind == "indexed" else self.backend.train_steps
+        losses = run(payload, lrs)
+        # The k losses add up on the device as a vector until the next sync folds them in.
+        self._step_losses = losses if self._step_losses is None else self._step_losses + losses
+        self._step_losses_batch = batch_size
+        self._count += steps * batch_size
+        self._after_update(steps, steps, float(lrs[-1]))
 
     def _train_group(self, group: list[Batch]) -> None:
         """One optimizer update from ``group``'s micro-batches, weighted by their sizes."""
@@ -270,19 +323,40 @@ class Trainer:
                 self._loss_sum = self._loss_sum + loss * n
             self._count += total
             backend.step(lr)
-        state.step += 1
-        state.batch += len(group)
+        self._after_update(1, len(group), lr)
+
+    def _after_update(self, steps: int, batches: int, lr: float) -> None:
+        state = self.state
+        state.step += steps
+        state.batch += batches
         self._last_lr = lr
         logs: dict[str, Any] = {"step": state.step, "lr": lr}
-        if state.step % self.config.log_every_n_steps == 0:
+        every = self.config.log_every_n_steps
+        if state.step // every > (state.step - steps) // every:
             logs.update(self._read_running())
         if self.callbacks.hooks["on_batch_end"]:
             self.callbacks.call("on_batch_end", self, state.batch, logs)
 
     def _reset_running(self) -> None:
         self._loss_sum = 0.0
+        self._step_losses = None
         self._count = 0
         self._last_lr = self.lr
+
+    def _running_loss_sum(self) -> float:
+        """The epoch's summed training loss so far, as a host float (a sync point).
+
+        The running sum continues from this host float, which equals the device value
+        exactly; so a run resumed from a checkpoint, which restarts from the saved float,
+        adds up the rest of the epoch exactly as the uninterrupted run does.
+        """
+        total = float(self._loss_sum)
+        if self._step_losses is not None:
+            per_step = np.asarray(self._step_losses, dtype=np.float64)
+            total += float(per_step.sum()) * self._step_losses_batch
+            self._step_losses = None
+        self._loss_sum = total
+        return total
 
     def _read_running(self) -> dict[str, Any]:
         """Read the running metrics back to the host (the only sync point) and check them."""
@@ -290,7 +364,7 @@ class Trainer:
         if skipped > self._skipped_reported:
             self._on_nonfinite(skipped - self._skipped_reported)
             self._skipped_reported = skipped
-        loss = float(self._loss_sum) / self._count if self._count else float("nan")
+        loss = self._running_loss_sum() / self._count if self._count else float("nan")
         return {"loss": loss, "skipped_steps": skipped}
 
     def _on_nonfinite(self, new: int) -> None:
@@ -305,6 +379,20 @@ class Trainer:
         if policy == "stop":
             warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
             self.state.stop_training = True
+
+    def _place_on_device(self, source: BatchSource) -> None:
+        """Copy the training arrays to the device once, when configured and possible."""
+        if not self.config.data_on_device or self._device_source is source:
+            return
+        if not isinstance(self.backend, DeviceData):
+            warnings.warn(
+                f"data_on_device=True, but the {self.backend.name} backend cannot keep data on "
+                "the device; batches are sent from the host",
+                stacklevel=3,
+            )
+        elif isinstance(source, ArrayLoader):
+            self.backend.set_device_data(source.inputs, source.targets)
+            self._device_source = source
 
     def _evaluate(self, data: Any, label: str) -> dict[str, float]:
         source = self._source(data, label, shuffle=False)

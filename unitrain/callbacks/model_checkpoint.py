@@ -81,6 +81,7 @@ class ModelCheckpoint(Callback):
         )
         self.best = self.monitor.worst if self.monitor else math.inf
         self.last_saved: Path | None = None
+        self._last_step = 0
 
     def _directory(self, trainer: Trainer) -> Path:
         if self.dirpath is None:
@@ -94,13 +95,17 @@ class ModelCheckpoint(Callback):
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self._directory(trainer)
+        self._last_step = trainer.state.step
         if self.monitor is not None:
             self.monitor.check_trainer(trainer)
             self.best = self.monitor.worst
 
     def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
-        if self.every_n_steps and trainer.state.step % self.every_n_steps == 0:
+        # Several updates may come in one call (steps_per_call): save on crossing a multiple.
+        step, every = trainer.state.step, self.every_n_steps
+        if every and step // every > self._last_step // every:
             self._save_periodic(trainer)
+        self._last_step = step
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         new_best = False

@@ -28,10 +28,10 @@ def main() -> None:
 
     data = load_digits()
     train = ArrayLoader(data.x_train, data.y_train, batch_size=32, seed=0)
-    warmup = len(train)  # one epoch
+    warmup = len(train)  # one epoch, then cosine decay over the rest (at least one step)
+    decay_steps = max(len(train) * args.epochs - warmup, 1)
     schedule = schedules.Warmup(
-        schedules.CosineDecay(0.1, decay_steps=len(train) * args.epochs - warmup, min_lr=1e-3),
-        warmup_steps=warmup,
+        schedules.CosineDecay(0.1, decay_steps=decay_steps, min_lr=1e-3), warmup_steps=warmup
     )
     trainer = Trainer(
         models.MLP((64, 128, 10), activation="relu"),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _backends import backends
 
 from unitrain.cli import main
 
@@ -94,3 +95,26 @@ def test_example_script_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "numpy: val_accuracy=0.9" in result.stdout
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "checkpoints" / "best").is_dir()
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_train_and_example_run_unchanged_on_every_backend(backend, tmp_path, capsys):
+    assert main(["train", "--backend", backend, "--epochs", "1", "--out", str(tmp_path)]) == 0
+    assert f"on {backend}" in capsys.readouterr().out
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "digits_mlp.py"),
+            "--backend",
+            backend,
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "example"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{backend}: val_accuracy=" in result.stdout

@@ -1,0 +1,47 @@
+"""The hand-written PyTorch loop an expert would write: eager, ``zero_grad(set_to_none=True)``.
+
+Batches are cut from host numpy arrays with a fresh permutation per epoch, exactly as
+:class:`unitrain.ArrayLoader` does, and handed to torch with ``torch.from_numpy`` (no copy).
+The epoch's mean loss is summed on the device with one in-place add per step and read once
+per epoch, as unitrain reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.methods import Gate
+from benchmarks.models import torch_model
+from benchmarks.workloads import LEARNING_RATE, MOMENTUM, SEED, Workload, make_data
+
+__all__ = ["torch_inputs", "train"]
+
+
+def torch_inputs(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """The workload's data laid out for torch (images channels-first, made once)."""
+    x, y = make_data(workload)
+    if workload.kind == "cnn":
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    return x, y
+
+
+def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:
+    """Train with a plain eager loop fed host batches."""
+    x, y = torch_inputs(workload)
+    model = torch_model(workload).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    size, steps = workload.batch_size, workload.steps_per_epoch
+    for epoch in range(gate.epochs):
+        order = np.random.default_rng([SEED, epoch]).permutation(len(x))
+        running = torch.zeros(())
+        for i in range(steps):
+            chosen = order[i * size : (i + 1) * size]
+            inputs, targets = torch.from_numpy(x[chosen]), torch.from_numpy(y[chosen])
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            running += loss.detach()
+        gate.epoch_end(float(running) / steps)

@@ -108,6 +108,7 @@ class TensorFlowBackend:
         self._dropout = isinstance(model, MLP) and model.dropout > 0
         self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
         self._functions: dict[tuple[Any, ...], Any] = {}
+        self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
@@ -336,7 +337,12 @@ class TensorFlowBackend:
     # -- compilation ------------------------------------------------------------------------
 
     def _function(self, key: tuple[Any, ...], body: Callable[..., Any], signature: Any) -> Any:
-        """The ``tf.function`` of ``body`` for ``key``, built (not yet traced) on first use."""
+        """The compiled ``body`` for ``key``: traced once, on first use, for ``signature``.
+
+        The concrete function is kept and called directly: a polymorphic ``tf.function``
+        binds and matches its arguments in Python on every call, which costs about as much
+        as a whole small training step.
+        """
         function = self._functions.get(key)
         if function is None:
             name = key[0]
@@ -346,8 +352,9 @@ class TensorFlowBackend:
                 with tf.device(self.device_name):
                     return body(*args)
 
-            function = tf.function(traced, input_signature=signature, autograph=False)
-            self._functions[key] = function
+            polymorphic = tf.function(traced, input_signature=signature, autograph=False)
+            function = polymorphic.get_concrete_function()
+            self._functions[key], self._polymorphic[key] = function, polymorphic
         return function
 
     def _batch_function(
@@ -360,11 +367,13 @@ class TensorFlowBackend:
         stacked: bool = False,
     ) -> Any:
         """A function per (name, input feature shapes and dtypes), batch axes left unknown."""
-        x_spec, y_spec = (
-            _spec(x, leading=2 if stacked else 1),
-            _spec(y, leading=2 if stacked else 1),
-        )
-        return self._function((name, x_spec, y_spec), body, (x_spec, y_spec, *extra))
+        leading = 2 if stacked else 1
+        key = (name, x.dtype, tuple(x.shape[leading:]), y.dtype, tuple(y.shape[leading:]))
+        function = self._functions.get(key)
+        if function is None:
+            x_spec, y_spec = _spec(x, leading=leading), _spec(y, leading=leading)
+            function = self._function(key, body, (x_spec, y_spec, *extra))
+        return function
 
     # -- state -------------------------------------------------------------------------------
 

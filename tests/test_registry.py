@@ -96,3 +96,17 @@ def test_import_unitrain_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_import_unitrain_is_cheap_and_loads_names_on_use():
+    code = (
+        "import sys, unitrain; print('numpy' in sys.modules); "
+        "from unitrain import Trainer, schedules; print(Trainer.__module__, schedules.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "unitrain.trainer", "unitrain.schedules"]
+    import unitrain
+
+    assert set(dir(unitrain)) >= {"Trainer", "TrainerConfig", "schedules", "callbacks"}
+    with pytest.raises(AttributeError, match="no attribute 'Trainr'"):
+        unitrain.Trainr  # noqa: B018

@@ -1,10 +1,15 @@
 """unitrain: one training recipe, run on PyTorch, TensorFlow or JAX, with proof they agree.
 
-Importing unitrain imports no framework; a backend's framework is imported when that backend
-is requested.
+Importing unitrain imports no framework, and not even numpy: the public names below load on
+first use (PEP 562), so ``import unitrain`` stays cheap for command-line tools and for the
+pytest plugin. A backend's framework is imported when that backend is requested.
 """
 
-from unitrain import callbacks, models, optim, schedules
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from unitrain._errors import (
     BackendNotFoundError,
     CheckpointError,
@@ -14,13 +19,48 @@ from unitrain._errors import (
     NonFiniteError,
     UnitrainError,
 )
-from unitrain.backend import Backend, BackendOptions, Capabilities, FusedStep
-from unitrain.config import TrainerConfig
-from unitrain.data import ArrayLoader
-from unitrain.registry import get_backend, list_backends
-from unitrain.trainer import Trainer, TrainState
+
+if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and editors
+    from unitrain import callbacks, models, optim, schedules
+    from unitrain.backend import Backend, BackendOptions, Capabilities, FusedStep
+    from unitrain.config import TrainerConfig
+    from unitrain.data import ArrayLoader
+    from unitrain.registry import get_backend, list_backends
+    from unitrain.trainer import Trainer, TrainState
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it (a submodule is its own entry).
+_LAZY = {
+    "callbacks": "unitrain.callbacks",
+    "models": "unitrain.models",
+    "optim": "unitrain.optim",
+    "schedules": "unitrain.schedules",
+    "Backend": "unitrain.backend",
+    "BackendOptions": "unitrain.backend",
+    "Capabilities": "unitrain.backend",
+    "FusedStep": "unitrain.backend",
+    "TrainerConfig": "unitrain.config",
+    "ArrayLoader": "unitrain.data",
+    "get_backend": "unitrain.registry",
+    "list_backends": "unitrain.registry",
+    "Trainer": "unitrain.trainer",
+    "TrainState": "unitrain.trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'unitrain' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    value = module if module.__name__ == f"unitrain.{name}" else getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ArrayLoader",

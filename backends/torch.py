@@ -89,9 +89,10 @@ class TorchBackend:
             _make_deterministic(self.torch_device)
         torch.manual_seed(options.seed)
         if isinstance(model, MLP):
-            self.module: nn.Module = TorchMLP(model)
+            self.module: nn.Module = TorchMLP(model).to(self.dtype)
             with torch.no_grad():
-                for name, value in model.init_params(options.seed).items():
+                initial = model.init_params(options.seed, _numpy_dtype(self.dtype))
+                for name, value in initial.items():
                     self.module.get_parameter(name).copy_(torch.from_numpy(value))
         elif isinstance(model, nn.Module):
             self.module = model

@@ -1,0 +1,75 @@
+"""fused: the fast paths equal the plain path.
+
+``train_step(batch, lr)`` must equal ``forward(batch); backward(); step(lr)`` (dropout masks
+included), and a multi-step call ``train_steps(batches, lrs)`` - the kit's name for Keras's
+``steps_per_execution`` - must equal that many single steps. Compared within ``step``:
+compiled fused code may round differently from separately compiled pieces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from unitrain import optim
+from unitrain.conformance._context import Context
+from unitrain.conformance._registry import check
+from unitrain.conformance._training import classifier, classifier_data
+
+LRS = (0.05, 0.02, 0.08, 0.01, 0.03)
+
+
+def _fused_vs_plain(ctx: Context, optimizer: optim.Optimizer) -> None:
+    model = classifier(dropout=0.25)
+    fused = ctx.make(model, optimizer=optimizer)
+    plain = ctx.make(model, optimizer=optimizer)
+    x, y = classifier_data(ctx)
+    fused_losses, plain_losses = [], []
+    for i, lr in enumerate(LRS):
+        batch = (x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8])
+        fused_losses.append(float(fused.train_step(batch, lr)))
+        plain_losses.append(ctx.update(plain, batch, lr, fused=False))
+    ctx.compare("losses returned", fused_losses, plain_losses, "step")
+    ctx.compare(f"state after {len(LRS)} updates", fused.state_dict(), plain.state_dict(), "step")
+
+
+@check("fused", "train_step_sgd_momentum", requires=("fused_step",))
+def train_step_sgd_momentum(ctx: Context) -> None:
+    """train_step equals forward + backward + step (SGD momentum, dropout)."""
+    _fused_vs_plain(ctx, optim.SGD(momentum=0.9, nesterov=True))
+
+
+@check("fused", "train_step_adamw", requires=("fused_step",))
+def train_step_adamw(ctx: Context) -> None:
+    """train_step equals forward + backward + step (AdamW, dropout)."""
+    _fused_vs_plain(ctx, optim.AdamW())
+
+
+@check("fused", "train_step_clipped", requires=("fused_step",))
+def train_step_clipped(ctx: Context) -> None:
+    """train_step clips like step does."""
+    model = classifier()
+    fused = ctx.make(model, optimizer=optim.Adam(), grad_clip_norm=0.05)
+    plain = ctx.make(model, optimizer=optim.Adam(), grad_clip_norm=0.05)
+    x, y = classifier_data(ctx)
+    for i, lr in enumerate(LRS):
+        batch = (x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8])
+        fused.train_step(batch, lr)
+        ctx.update(plain, batch, lr, fused=False)
+    ctx.compare(f"state after {len(LRS)} updates", fused.state_dict(), plain.state_dict(), "step")
+
+
+@check("fused", "steps_per_call", requires=("fused_step",))
+def steps_per_call(ctx: Context) -> None:
+    """train_steps(batches, lrs) equals as many single train_step calls."""
+    model = classifier(dropout=0.25)
+    multi = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
+    if not callable(getattr(multi, "train_steps", None)):
+        ctx.skip("the backend offers no train_steps(batches, lrs) (several updates per call)")
+    single = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
+    x, y = classifier_data(ctx)
+    k = len(LRS)
+    xs, ys = x[: 8 * k].reshape(k, 8, -1), y[: 8 * k].reshape(k, 8)
+    losses = np.asarray(multi.train_steps((xs, ys), np.asarray(LRS)), np.float64)
+    expected = [float(single.train_step((xs[i], ys[i]), lr)) for i, lr in enumerate(LRS)]
+    ctx.compare("losses returned", losses.ravel(), expected, "step")
+    ctx.compare(f"state after {k} updates", multi.state_dict(), single.state_dict(), "step")

@@ -1,0 +1,194 @@
+"""The conformance kit on the built-in backends, and its report, CLI and pytest plugin.
+
+The default run checks every built-in backend in float32 (each must run >= 60 checks with
+no failure); ``slow`` adds every other declared dtype (numpy and torch float64, torch
+bfloat16, TensorFlow float64; JAX declares float32 only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from _backends import backends
+
+from unitrain import get_backend
+from unitrain.backends.numpy import NumpyBackend
+from unitrain.cli import main
+from unitrain.conformance import REPORT_SCHEMA, all_checks, check_backend, run
+from unitrain.conformance._registry import FAMILIES, keyword_matcher, xfail_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _assert_conforms(results: list, minimum: int = 60) -> None:
+    failed = [f"{r.id}: {r.reason}" for r in results if r.status == "failed"]
+    assert not failed, "\n".join(failed)
+    ran = [r for r in results if r.status in ("passed", "xfailed", "xpassed")]
+    assert len(ran) >= minimum, f"only {len(ran)} checks ran"
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_backend_conforms_in_float32(backend):
+    _assert_conforms(check_backend(backend, device="cpu", dtypes=["float32"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend",
+    ["numpy", "torch", "tensorflow"],
+)
+def test_backend_conforms_in_every_declared_dtype(backend):
+    pytest.importorskip(backend)
+    others = [d for d in get_backend(backend).capabilities.dtypes if d != "float32"]
+    results = check_backend(backend, device="cpu", dtypes=others)
+    for dtype in {r.dtype for r in results}:
+        _assert_conforms([r for r in results if r.dtype == dtype])
+
+
+def test_registry_has_stable_unique_ids_in_every_family():
+    checks = all_checks()
+    ids = [c.base_id for c in checks]
+    assert len(ids) == len(set(ids))
+    assert {c.family for c in checks} == set(FAMILIES)
+    assert len(checks) >= 60
+    assert all(c.description for c in checks)
+
+
+def test_keyword_expressions_and_xfail_keys():
+    match = keyword_matcher("(schedules or optimizers) and not adam and float32")
+    assert match("optimizers::sgd[cpu-float32]")
+    assert not match("optimizers::adamw[cpu-float32]")
+    assert not match("schedules::constant[cpu-float64]")
+    xfails = {"optimizers::adam": "eps", "checkpoints::": "all", "fused::*[gpu-*]": "gpu"}
+    assert xfail_reason(xfails, "optimizers::adam[cpu-float32]") == ("optimizers::adam", "eps")
+    assert xfail_reason(xfails, "optimizers::adamw[cpu-float32]") is None
+    assert xfail_reason(xfails, "checkpoints::metadata[cpu-float32]")[1] == "all"
+    assert xfail_reason(xfails, "fused::steps_per_call[gpu-float32]")[1] == "gpu"
+
+
+class _Declaring(NumpyBackend):
+    """The numpy backend with declarations: one real known failure (none: it conforms, so
+    the xfail is stale), one xfail matching nothing, and a float32-only dtype list."""
+
+    conformance_xfails: ClassVar[dict[str, str]] = {
+        "schedules::constant": "pretend this were broken",
+        "nonsense::check": "matches nothing",
+    }
+    conformance_tolerances: ClassVar[dict[str, dict[str, float]]] = {"float32": {"lr": 1e-6}}
+
+
+def test_report_json_matches_its_schema_and_records_declarations(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    report = run(_Declaring, device="cpu", keyword="schedules::constant or schedules::cosine_decay")
+    document = json.loads(report.write(tmp_path / "report.json").read_text())
+    jsonschema.validate(document, REPORT_SCHEMA)
+    summary = document["summary"]
+    assert summary["counts"]["xpassed"] == 2  # constant, in float32 and float64
+    assert summary["counts"]["passed"] == 2
+    assert summary["verdict"] == "conforms"
+    assert summary["overrides"]["tolerances"] == {"float32": {"lr": 1e-6}}
+    warnings = " ".join(summary["warnings"])
+    assert "'nonsense::check': it matches no check id" in warnings
+    assert "stale xfail 'schedules::constant'" in warnings
+    cosine = next(
+        c for c in document["checks"] if c["id"] == "schedules::cosine_decay[cpu-float32]"
+    )
+    assert cosine["tolerance"] == 1e-6 and cosine["tolerance_override"] is True
+    assert cosine["tolerance_kind"] == "lr" and 0 < cosine["max_rel_error"] < 1e-6
+    assert cosine["backend_versions"]["numpy"] and cosine["unitrain_version"]
+
+
+def test_undeclared_device_and_dtype_are_skipped_with_reasons():
+    results = check_backend("numpy", device="gpu", keyword="schedules::constant")
+    assert {r.status for r in results} == {"skipped"}
+    assert "does not declare device 'gpu'" in results[0].reason
+    results = check_backend(
+        "numpy", device="cpu", dtypes=["bfloat16"], keyword="schedules::constant"
+    )
+    assert [r.reason for r in results] == ["the backend does not declare dtype 'bfloat16'"]
+
+
+def test_cli_prints_the_table_writes_the_report_and_sets_the_exit_status(tmp_path, capsys):
+    path = tmp_path / "numpy.json"
+    code = main(
+        ["conformance", "--backend", "numpy", "-k", "schedules and float32", "--report", str(path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "schedules" in out and "verdict: conforms" in out
+    assert json.loads(path.read_text())["summary"]["counts"]["passed"] == 13
+    faulty = "test_conformance_faults:LrOneStepLate"
+    assert main(["conformance", "--backend", faulty, "-k", "cosine_decay and float32"]) == 1
+    assert "FAILED   schedules::cosine_decay[cpu-float32]" in capsys.readouterr().out
+    assert main(["conformance", "--list"]) == 0
+    assert "optimizers::adam_small_gradients" in capsys.readouterr().out
+
+
+def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "unitrain.conformance",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:benchmark",
+        "-o",
+        "addopts=",
+        *args,
+    ]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_pytest_plugin_runs_the_same_checks_under_xdist(tmp_path):
+    report = tmp_path / "kit.json"
+    done = _pytest(
+        "--unitrain-backend",
+        "numpy",
+        "--unitrain-dtype",
+        "float32",
+        "-n",
+        "2",
+        "-k",
+        "schedules",
+        "--unitrain-report",
+        str(report),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "13 passed" in done.stdout and "verdict: conforms" in done.stdout
+    records = json.loads(report.read_text())["checks"]
+    assert sorted(r["id"] for r in records) == sorted(
+        f"schedules::{c.name}[cpu-float32]" for c in all_checks() if c.family == "schedules"
+    )
+
+
+def test_pytest_plugin_does_nothing_unless_asked(tmp_path):
+    env_free = _pytest(cwd=tmp_path)
+    assert "conformance" not in env_free.stdout.split("short test summary")[0] or (
+        "skipped" in env_free.stdout or "no tests ran" in env_free.stdout
+    )
+    assert "passed" not in env_free.stdout
+
+
+def test_plugin_fails_a_faulty_backend(tmp_path):
+    done = _pytest(
+        "--unitrain-backend",
+        "test_conformance_faults:KerasMomentum",
+        "--unitrain-dtype",
+        "float32",
+        "-k",
+        "sgd_momentum and not decay",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert "FAILED" in done.stdout and "optimizers::sgd_momentum[cpu-float32]" in done.stdout

@@ -131,16 +131,25 @@ class NumpyBackend:
         grad[np.arange(n), labels] -= 1
         return loss, grad / self.dtype.type(n)
 
+    # NaN and Inf are the Trainer's to handle (step skips the update, the policy decides), so
+    # numpy's floating-point warnings about them are silenced: they would only be noise, or
+    # errors under ``-W error``. The other backends' frameworks do not warn either.
+
     def forward(self, batch: Batch) -> Any:
         """Run in train mode and keep the activations; return the mean loss."""
         x, y = batch
-        out = self._run(x, train=True)
-        loss, self._grad_out = self._loss(out, y)
+        with np.errstate(all="ignore"):
+            out = self._run(x, train=True)
+            loss, self._grad_out = self._loss(out, y)
         self._micro_batch += 1
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
         """Backpropagate the last loss and add ``scale`` times its gradients to the buffers."""
+        with np.errstate(all="ignore"):
+            self._backward(scale)
+
+    def _backward(self, scale: float) -> None:
         delta = self._grad_out * self.dtype.type(scale)
         for i in reversed(range(self.model.num_layers)):
             h, z, a, mask = self._cache[i]
@@ -154,7 +163,8 @@ class NumpyBackend:
 
     def step(self, lr: float) -> None:
         """Clip, check for non-finite gradients, apply the reference update, zero the grads."""
-        norm = optim.global_norm(self.grads)
+        with np.errstate(all="ignore"):
+            norm = optim.global_norm(self.grads)
         if not np.isfinite(norm):
             self._skipped += 1
         else:
@@ -168,9 +178,10 @@ class NumpyBackend:
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Mean loss (and accuracy for classification) in eval mode: no dropout, no state."""
         x, y = batch
-        out = self._run(x, train=False)
+        with np.errstate(all="ignore"):
+            out = self._run(x, train=False)
+            loss, _ = self._loss(out, y)
         self._cache = []
-        loss, _ = self._loss(out, y)
         metrics = {"loss": loss}
         if self.options.loss == "cross_entropy":
             metrics["accuracy"] = np.mean(out.argmax(axis=1) == np.asarray(y))

@@ -21,31 +21,46 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from unitrain.conformance._context import CheckFailed, CheckSkipped, Context
-from unitrain.conformance._registry import FAMILIES, Check, all_checks, check
-from unitrain.conformance._report import REPORT_SCHEMA, Report
-from unitrain.conformance._runner import (
-    CheckResult,
-    enter_conformance_mode,
-    plan,
-    resolve_backend,
-    run_all,
-)
-from unitrain.conformance._tolerances import TOLERANCES, Tolerance
+if TYPE_CHECKING:
+    from unitrain.conformance._api import check_backend, run
+    from unitrain.conformance._context import CheckFailed, CheckSkipped, Context
+    from unitrain.conformance._registry import FAMILIES, Check, all_checks, check
+    from unitrain.conformance._report import REPORT_SCHEMA, Report
+    from unitrain.conformance._runner import CheckResult
+    from unitrain.conformance._tolerances import TOLERANCES, Tolerance
+
+# Loaded on first use (PEP 562): pytest imports the plugin module of this package at start-up,
+# before coverage or any test runs, and that must not import the kit or the core with it.
+_LAZY = {
+    "check_backend": "unitrain.conformance._api",
+    "run": "unitrain.conformance._api",
+    "CheckFailed": "unitrain.conformance._context",
+    "CheckSkipped": "unitrain.conformance._context",
+    "Context": "unitrain.conformance._context",
+    "FAMILIES": "unitrain.conformance._registry",
+    "Check": "unitrain.conformance._registry",
+    "all_checks": "unitrain.conformance._registry",
+    "check": "unitrain.conformance._registry",
+    "REPORT_SCHEMA": "unitrain.conformance._report",
+    "Report": "unitrain.conformance._report",
+    "CheckResult": "unitrain.conformance._runner",
+    "TOLERANCES": "unitrain.conformance._tolerances",
+    "Tolerance": "unitrain.conformance._tolerances",
+}
 
 __all__ = [
-    "FAMILIES",
-    "REPORT_SCHEMA",
-    "TOLERANCES",
     "Check",
     "CheckFailed",
     "CheckResult",
     "CheckSkipped",
     "Context",
+    "FAMILIES",
+    "REPORT_SCHEMA",
     "Report",
+    "TOLERANCES",
     "Tolerance",
     "all_checks",
     "check",
@@ -54,54 +69,13 @@ __all__ = [
 ]
 
 
-def run(
-    backend: Any,
-    *,
-    device: str = "all",
-    dtypes: Iterable[str] | None = None,
-    keyword: str | None = None,
-    hypothesis_profile: str = "ci",
-    progress: Callable[[CheckResult], None] | None = None,
-) -> Report:
-    """Run the kit on ``backend`` and return the full :class:`Report`.
-
-    Args:
-        backend: a registered name, ``"pkg.module:Class"``, a backend class, or a factory
-            ``factory(model, options)``.
-        device: ``"cpu"``, ``"gpu"``, or ``"all"`` (every declared device this machine has).
-        dtypes: the dtypes to check (default: every dtype the backend declares).
-        keyword: a pytest-style ``-k`` expression selecting check ids.
-        hypothesis_profile: ``"ci"`` (derandomized, the default) or ``"dev"``.
-        progress: called with each result as it is made.
-
-    Returns:
-        The report; ``report.failed`` lists failures, ``report.write(path)`` saves JSON.
-    """
-    environment = enter_conformance_mode()
-    under_test = resolve_backend(backend)
-    planned, notes = plan(under_test, device=device, dtypes=dtypes, keyword=keyword)
-    results = run_all(under_test, planned, hypothesis_profile=hypothesis_profile, progress=progress)
-    from unitrain.conformance._hypothesis import hypothesis_available
-
-    if not hypothesis_available():
-        notes.append(
-            "hypothesis is not installed: property checks ran their explicit examples only"
-        )
-    return Report(under_test, results, notes, environment, hypothesis_profile)
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'unitrain.conformance' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
-def check_backend(backend_factory: Any, **options: Any) -> list[CheckResult]:
-    """Run the kit on a backend and return one :class:`CheckResult` per check.
-
-    The shape of scikit-learn's ``check_estimator(on_fail=None)``: nothing is raised, each
-    record says ``status`` (``passed``, ``failed``, ``skipped``, ``xfailed``, ``xpassed``),
-    ``reason``, the worst error and the tolerance used.
-
-    Args:
-        backend_factory: a name, ``"pkg.module:Class"``, a backend class, or a factory.
-        **options: as for :func:`run` (``device``, ``dtypes``, ``keyword``, ...).
-
-    Returns:
-        The records, in check order.
-    """
-    return run(backend_factory, **options).results
+def __dir__() -> list[str]:
+    return __all__

@@ -94,9 +94,16 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"{title}: {len(tensors)} tensors")
         for name, array in tensors.items():
             print(f"  {name:40s} {array.dtype!s:8s} {tuple(array.shape)}")
-    if info.get("history"):
-        print(f"history: {len(info['history'])} epochs; last: {json.dumps(info['history'][-1])}")
+    history = info.get("history")
+    if isinstance(history, list) and history:  # the checkpoint may not come from unitrain
+        print(f"history: {len(history)} epochs; last: {json.dumps(history[-1], default=str)}")
     return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    from unitrain.conformance.cli import main as conformance_main
+
+    return conformance_main(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print a checkpoint's contents")
     inspect.add_argument("path")
     inspect.set_defaults(run=_inspect)
+    conformance = commands.add_parser("conformance", help="certify a backend with the kit")
+    from unitrain.conformance.cli import add_arguments  # argparse only; imports no framework
+
+    add_arguments(conformance)
+    conformance.set_defaults(run=_conformance)
     return parser
 
 

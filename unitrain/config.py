@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from unitrain._errors import ConfigError
+from unitrain.schedules import AbstractSchedule, Warmup
 
-__all__ = ["NONFINITE_POLICIES", "TrainerConfig"]
+__all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length"]
 
 #: What to do when a step's loss or gradient is NaN or infinite. In every case that step's
 #: update is skipped (weights and optimizer state untouched); the policies differ in what
@@ -104,3 +106,42 @@ class TrainerConfig:
             )
         if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
             raise ConfigError(f"TrainerConfig: unsupported dtype={self.dtype!r}")
+        if self.checkpoint_dir is not None and (
+            not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not str(self.checkpoint_dir)
+        ):
+            raise ConfigError(
+                "TrainerConfig: checkpoint_dir must be a non-empty path or None, "
+                f"got checkpoint_dir={self.checkpoint_dir!r}"
+            )
+
+
+def check_run_length(
+    config: TrainerConfig, schedule: AbstractSchedule, batches_per_epoch: int
+) -> None:
+    """Refuse a warmup longer than the whole run: nearly always a mix-up of units.
+
+    The rule: with a :class:`~unitrain.schedules.Warmup` schedule and a known number of
+    updates ``T = epochs * ceil(batches_per_epoch / grad_accum_steps)``, ``T`` must be at
+    least ``warmup_steps``, or the learning rate never reaches its peak. A run that ends just
+    as the warmup does is allowed (a one-epoch smoke test of a recipe with a one-epoch
+    warmup). Nothing is checked when the number of batches is unknown (0).
+
+    Examples:
+        >>> from unitrain.schedules import Constant, Warmup
+        >>> schedule = Warmup(Constant(0.1), warmup_steps=500)
+        >>> check_run_length(TrainerConfig(epochs=2), schedule, 100)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.ConfigError: schedule: ... whole run of 200 updates (2 epochs x 100 ...
+    """
+    if not isinstance(schedule, Warmup) or not batches_per_epoch:
+        return
+    per_epoch = -(-batches_per_epoch // config.grad_accum_steps)
+    total = config.epochs * per_epoch
+    if total < schedule.warmup_steps:
+        raise ConfigError(
+            f"schedule: Warmup(warmup_steps={schedule.warmup_steps}) is longer than this whole "
+            f"run of {total} updates ({config.epochs} epochs x {per_epoch} updates); "
+            "warmup_steps counts optimizer updates, not examples or epochs: shorten the warmup "
+            "or train longer"
+        )

@@ -18,7 +18,14 @@ import numpy as np
 
 from unitrain._errors import ConfigError, DataError
 
-__all__ = ["ArrayLoader", "BatchSource", "IterableSource", "as_batch_source", "check_arrays"]
+__all__ = [
+    "ArrayLoader",
+    "BatchSource",
+    "IterableSource",
+    "as_batch_source",
+    "check_arrays",
+    "check_source",
+]
 
 Batch = tuple[Any, Any]
 
@@ -87,6 +94,46 @@ def check_arrays(
             )
 
 
+def check_source(
+    source: BatchSource,
+    *,
+    in_features: int | None = None,
+    num_classes: int | None = None,
+    name: str = "data",
+) -> None:
+    """Raise :class:`DataError` if ``source`` cannot be trained on, before any training.
+
+    An :class:`ArrayLoader` is checked whole with :func:`check_arrays`. A native loader is
+    checked on its first batch only: the usual mistakes (feature size, label range, an empty
+    loader) show there, and reading one batch costs little where checking every batch would
+    cost a host sync per step. Batches that are not a pair of host arrays (GPU tensors, dicts)
+    are left to the backend. Other sources are not checked.
+
+    Examples:
+        >>> batches = [(np.zeros((2, 3)), np.array([0, 5]))]
+        >>> check_source(IterableSource(batches), num_classes=4)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.DataError: the first batch of data has labels in [0, 5], but ...
+    """
+    checks = {"in_features": in_features, "num_classes": num_classes}
+    if isinstance(source, ArrayLoader):
+        check_arrays(source.inputs, source.targets, **checks, name=name)
+    elif isinstance(source, IterableSource):
+        batch = next(iter(source.iterable), None)
+        if batch is None:
+            raise DataError(f"{name} yielded no batches; pass at least one example")
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            return
+        try:
+            inputs, targets = np.asarray(batch[0]), np.asarray(batch[1])
+        except (TypeError, ValueError, RuntimeError):  # device tensors, ragged lists
+            return
+        if inputs.dtype == object or targets.dtype == object:
+            return
+        check_arrays(inputs, targets, **checks, name=f"the first batch of {name}")
+
+
 class ArrayLoader:
     """Mini-batches of in-memory arrays, shuffled per epoch from ``(seed, epoch)``.
 
@@ -98,6 +145,7 @@ class ArrayLoader:
         seed: seed of the shuffle; the permutation of epoch ``e`` is a pure function of
             ``(seed, e)``.
         drop_last: drop the final batch when it would be smaller than ``batch_size``.
+        name: what to call the data in error messages (``"train_data"``, ``"val_data"``).
 
     Examples:
         >>> loader = ArrayLoader(np.arange(10.0)[:, None], np.arange(10), batch_size=4)
@@ -119,6 +167,7 @@ class ArrayLoader:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        name: str = "data",
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ConfigError(
@@ -127,7 +176,7 @@ class ArrayLoader:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"ArrayLoader: seed must be an int >= 0, got seed={seed!r}")
         self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
-        check_arrays(self.inputs, self.targets)
+        check_arrays(self.inputs, self.targets, name=name)
         if drop_last and len(self.inputs) < batch_size:
             raise DataError(
                 f"ArrayLoader: drop_last=True with {len(self.inputs)} examples and "
@@ -195,16 +244,19 @@ class IterableSource:
                 yield batch
 
 
-def as_batch_source(data: Any, batch_size: int, seed: int, shuffle: bool) -> BatchSource:
+def as_batch_source(
+    data: Any, batch_size: int, seed: int, shuffle: bool, name: str = "data"
+) -> BatchSource:
     """Turn what a user passes to ``fit`` into a :class:`BatchSource`.
 
     Accepts a :class:`BatchSource` (used as is), a tuple ``(inputs, targets)`` of arrays
-    (wrapped in an :class:`ArrayLoader`), or a re-iterable of batches.
+    (wrapped in an :class:`ArrayLoader`), or a re-iterable of batches. ``name`` is what error
+    messages call the data.
     """
     if isinstance(data, BatchSource):
         return data
     if isinstance(data, tuple) and len(data) == 2:
-        return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed)
+        return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed, name=name)
     if hasattr(data, "shape"):
         raise DataError(
             f"got one array of shape {data.shape} but no targets; pass (inputs, targets)"

@@ -21,16 +21,19 @@ import numpy as np
 import unitrain
 from unitrain import rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from unitrain._lock import locked
 from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
 from unitrain.callbacks._base import CallbackList
+from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import (
+    _resume,
     list_checkpoints,
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
 )
-from unitrain.config import TrainerConfig
-from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_arrays
+from unitrain.config import TrainerConfig, check_run_length
+from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
@@ -125,6 +128,8 @@ class Trainer:
         self.has_validation = False
         #: Batches in one epoch of the current fit (0 when a native loader has no length).
         self.batches_per_epoch = 0
+        #: The validation data of the current fit (monitors read its metric names from it).
+        self.val_source: BatchSource | None = None
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
@@ -169,34 +174,55 @@ class Trainer:
             val_data: the same kinds, evaluated after every ``val_every_n_epochs`` epochs.
             resume: ``"latest"`` (newest valid checkpoint in ``config.checkpoint_dir``) or a
                 checkpoint path; training continues exactly where that checkpoint stopped.
+                Resuming a finished run warns and trains nothing (so a job that relaunches
+                itself with ``resume="latest"`` ends cleanly).
+
+        Raises:
+            DataError, ConfigError: bad data or contradictory settings, before any update.
+            CheckpointError: ``resume`` finds no valid checkpoint of this model, or another
+                run holds ``checkpoint_dir`` (see :mod:`unitrain._lock`).
         """
         source = self._source(train_data, "train_data", shuffle=True)
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
+        self.val_source = val_source
+        check_run_length(self.config, self.schedule, len(source))
+        # Held until fit returns or raises: a second run on these directories is refused
+        # instead of pruning and resuming this run's checkpoints.
+        mine = [c.dirpath for c in self.callbacks.callbacks if isinstance(c, ModelCheckpoint)]
+        with locked([Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]):
+            self._fit(source, val_source, resume)
+        return self.history
+
+    def _fit(self, source: BatchSource, val_source: BatchSource | None, resume: Any) -> None:
         self._place_on_device(source)
-        checkpoint_state = None
+        resumed = None
         if resume == "latest" and self._nothing_to_resume():
             warnings.warn(
                 f"resume='latest': no checkpoint in {self.config.checkpoint_dir} yet; "
                 "starting from scratch",
-                stacklevel=2,
+                stacklevel=3,
             )
         elif resume is not None:
-            checkpoint_state = self._restore(resume)
+            resumed = self._restore(resume)
         self.callbacks.call("on_train_begin", self)
-        if checkpoint_state is not None:
-            self.callbacks.load_state_dict(checkpoint_state)
+        if resumed is not None:
+            path, callback_states = resumed
+            try:
+                self.callbacks.load_state_dict(callback_states)
+            except CheckpointError as error:
+                raise CheckpointError(f"{path}/trainer.json: {error}") from None
             if self.state.stop_training or self.state.epoch >= self.config.epochs:
                 warnings.warn(
                     f"the resumed run had already finished (epoch {self.state.epoch} of "
-                    f"{self.config.epochs}, stopped early: {self.state.stop_training}); "
-                    "nothing left to train. Raise epochs to train further.",
-                    stacklevel=2,
+                    f"{self.config.epochs}, stopped early: {self.state.stop_training}); nothing "
+                    "left to train. Raise epochs to train further (a run that stopped early "
+                    "keeps that decision: start a new run).",
+                    stacklevel=3,
                 )
         while self.state.epoch < self.config.epochs and not self.state.stop_training:
             self._run_epoch(source, val_source)
         self.callbacks.call("on_train_end", self)
-        return self.history
 
     def validate(self, data: Any) -> dict[str, float]:
         """Evaluate on ``data`` in eval mode; metrics are prefixed ``val_``."""
@@ -410,15 +436,11 @@ class Trainer:
     # -- data and resume ----------------------------------------------------------------------
 
     def _source(self, data: Any, label: str, shuffle: bool) -> BatchSource:
-        source = as_batch_source(data, self.config.batch_size, self.config.seed, shuffle)
-        if isinstance(source, ArrayLoader) and isinstance(self.model, MLP):
+        source = as_batch_source(data, self.config.batch_size, self.config.seed, shuffle, label)
+        if isinstance(self.model, MLP):
             classes = self.model.out_features if self.loss == "cross_entropy" else None
-            check_arrays(
-                source.inputs,
-                source.targets,
-                in_features=self.model.in_features,
-                num_classes=classes,
-                name=label,
+            check_source(
+                source, in_features=self.model.in_features, num_classes=classes, name=label
             )
         return source
 
@@ -435,55 +457,41 @@ class Trainer:
             raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
         return not list_checkpoints(self.config.checkpoint_dir)
 
-    def _restore(self, resume: str | Path) -> dict[str, Any]:
-        """Load a checkpoint into backend and Trainer; return the callbacks' saved states."""
+    def _restore(self, resume: str | Path) -> tuple[Path, dict[str, Any]]:
+        """Load a checkpoint into backend and Trainer; return it and the callbacks' states.
+
+        A checkpoint may come from anyone, so it is checked before it is used (see
+        :mod:`unitrain.checkpoint._resume`); every problem is a CheckpointError naming the
+        file. A failed resume may leave this Trainer half restored: build a new one.
+        """
         path = resolve_checkpoint(str(resume), self.config.checkpoint_dir or ".")
         checkpoint = load_checkpoint(path)
-        info = checkpoint.trainer
-        for what, mine in (("model", self._model_description()), ("optimizer", None)):
-            theirs = info.get(what)
-            mine = mine if mine is not None else self.optimizer.to_dict()
-            if theirs is not None and theirs.get("type") != mine.get("type"):
-                raise CheckpointError(
-                    f"{path}: written for {what} {theirs}, but this run uses {mine}; resume "
-                    f"with the same {what}, or start a new run"
-                )
-            if what == "model" and theirs is not None and theirs != mine:
-                raise CheckpointError(
-                    f"{path}: written for model {theirs}, but this run trains {mine}"
-                )
+        info, file = checkpoint.trainer, path / "trainer.json"
+        mine = {"model": self._model_description(), "optimizer": self.optimizer.to_dict()}
+        _resume.check_same_run(path, info, mine)
         state = {f"model.{k}": v for k, v in checkpoint.model.items()}
         state.update({f"optimizer.{k}": v for k, v in checkpoint.optimizer.items()})
+        _resume.check_tensors(path, state, self.backend.state_dict())
+        point = _resume.read_resume_point(info, file, self.batches_per_epoch)
         try:
             self.backend.load_state_dict(state)
-        except ConfigError as error:
-            raise CheckpointError(f"{path}: {error}") from None
-        try:
-            self.state = TrainState(
-                epoch=int(info["epoch"]),
-                step=int(info["step"]),
-                batch=int(info.get("batch", 0)),
-                stop_training=bool(info.get("stop_training", False)),
-            )
-            running = info.get("running", {})
-            self._loss_sum = float(running.get("loss_sum", 0.0))
-            self._count = int(running.get("count", 0))
-            self.lr_factor = float(info.get("lr_factor", 1.0))
-            self._skipped_before = self._skipped_reported = int(info.get("skipped_steps", 0))
-            if "schedule" in info and from_dict(info["schedule"]) != self.schedule:
-                warnings.warn(
-                    f"{path} was trained with schedule {info['schedule']}; this run continues "
-                    f"with {self.schedule.to_dict()}, so it will not equal an uninterrupted run",
-                    stacklevel=3,
-                )
-            self.history = list(info.get("history", []))
-            if "rng" in info:
-                rng.set_rng_state(info["rng"])
-                self.backend.set_rng_state(info["rng"].get("backend", {}))
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"{path}/trainer.json: malformed field: {error!r}") from None
+            if point.rng is not None:
+                rng.set_rng_state(point.rng)
+                self.backend.set_rng_state(point.rng.get("backend", {}))
+            schedule = None if point.schedule is None else from_dict(point.schedule)
+            callbacks = dict(unpack_tensors(point.callbacks, checkpoint.callbacks))
+        except Exception as error:  # hostile input: whatever it breaks is the file's fault
+            raise CheckpointError(
+                f"{file}: cannot be restored ({type(error).__name__}: {error}); it is damaged "
+                "or was not written by unitrain — use an earlier checkpoint"
+            ) from error
+        if schedule is not None and schedule != self.schedule:
+            mine["schedule"] = self.schedule.to_dict()
+        _resume.warn_other_settings(path, info, mine, dataclasses.asdict(self.config))
+        self.state = TrainState(point.epoch, point.step, point.batch, point.stop_training)
+        self._loss_sum, self._count = point.loss_sum, point.loss_count
+        self.lr_factor = point.lr_factor
+        self._skipped_before = self._skipped_reported = point.skipped_steps
+        self.history = point.history
         self._last_lr = self.lr
-        try:
-            return dict(unpack_tensors(info.get("callbacks", {}), checkpoint.callbacks))
-        except ConfigError as error:
-            raise CheckpointError(f"{path}: {error}") from None
+        return path, callbacks

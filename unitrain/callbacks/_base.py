@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from unitrain._errors import ConfigError
+from unitrain._errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
 
-__all__ = ["HOOKS", "Callback", "CallbackList"]
+__all__ = ["HOOKS", "Callback", "CallbackList", "restored"]
 
 HOOKS = (
     "on_train_begin",
@@ -117,7 +117,56 @@ class CallbackList:
         return {self.key(c): c.state_dict() for c in self.callbacks if hasattr(c, "state_dict")}
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
+        """Give each callback its saved state; a state that cannot be loaded is a
+        :class:`CheckpointError` naming the callback, whatever the callback raised."""
         for callback in self.callbacks:
             key = self.key(callback)
-            if key in states and hasattr(callback, "load_state_dict"):
+            if key not in states or not hasattr(callback, "load_state_dict"):
+                continue
+            if not isinstance(states[key], dict):
+                raise CheckpointError(
+                    f"the state of callback {key!r} must be an object, got {states[key]!r:.80}"
+                )
+            try:
                 callback.load_state_dict(states[key])
+            except Exception as error:  # a checkpoint may be hostile; say which part is bad
+                detail = str(error) if isinstance(error, CheckpointError) else repr(error)
+                raise CheckpointError(
+                    f"the saved state of callback {key!r} cannot be loaded: {detail:.300}"
+                ) from error
+
+
+_REQUIRED: Any = object()
+
+
+def restored(
+    state: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any = _REQUIRED
+) -> Any:
+    """``state[key]`` for a callback's ``load_state_dict``, refused unless one of ``kinds``.
+
+    Checkpoints may come from anyone; a value of the wrong type would otherwise fail much
+    later, mid-training. ``bool`` counts as ``int`` only when ``bool`` is listed, and ints
+    count as floats. Integers must be >= 0 (every count a callback keeps is).
+
+    Raises:
+        CheckpointError: the key is missing (and has no default) or has a value of another type.
+
+    Examples:
+        >>> restored({"wait": 2}, "wait", (int,))
+        2
+        >>> restored({}, "best", (float,), default=1.5)
+        1.5
+    """
+    if key not in state:
+        if default is _REQUIRED:
+            raise CheckpointError(f"{key!r} is missing")
+        return default
+    value = state[key]
+    kind = type(value)
+    ok = kind in kinds or (kind is int and float in kinds)
+    if ok and kind is int and int in kinds and value < 0:
+        ok = False
+    if not ok:
+        names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+        raise CheckpointError(f"{key!r} must be {names} (ints >= 0), got {value!r:.80}")
+    return float(value) if kind is int and float in kinds and int not in kinds else value

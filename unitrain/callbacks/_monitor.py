@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import ConfigError
+from unitrain.callbacks._base import CallbackList
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
@@ -14,6 +16,8 @@ __all__ = ["Monitor"]
 
 _LOWER_IS_BETTER = ("loss", "error", "mse", "mae")
 _HIGHER_IS_BETTER = ("accuracy", "acc", "auc", "precision", "recall", "f1")
+#: The metrics every run logs, suggested when a name looks like a typo of one of them.
+_COMMON = ("loss", "val_loss", "accuracy", "val_accuracy")
 
 
 class Monitor:
@@ -41,9 +45,11 @@ class Monitor:
             elif base.endswith(_HIGHER_IS_BETTER):
                 mode = "max"
             else:
+                close = difflib.get_close_matches(monitor, _COMMON, n=1)
                 raise ConfigError(
                     f"{owner}: cannot tell whether {monitor!r} should go down or up; "
                     "pass mode='min' or mode='max'"
+                    + (f" (or did you mean {close[0]!r}?)" if close else "")
                 )
         self.owner, self.name, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
 
@@ -59,11 +65,22 @@ class Monitor:
         return current > reference + self.min_delta
 
     def check_trainer(self, trainer: Trainer) -> None:
-        """Fail fast when the metric can never appear (validation metric, no validation)."""
+        """Fail fast, at ``on_train_begin``, when the metric can never appear in the logs.
+
+        A validation metric without validation data is refused, and so is a name that is not
+        among :func:`logged_metrics` when those are known, with the closest one suggested.
+        """
         if self.name.startswith("val_") and not getattr(trainer, "has_validation", True):
             raise ConfigError(
                 f"{self.owner}: monitor={self.name!r} needs validation data; pass val_data to "
                 f"fit() or monitor {self.name.removeprefix('val_')!r}"
+            )
+        names = logged_metrics(trainer)
+        if names is not None and self.name not in names:
+            close = difflib.get_close_matches(self.name, names, n=1)
+            raise ConfigError(
+                f"{self.owner}: metric {self.name!r} is not logged; available: "
+                f"{sorted(names)}" + (f". Did you mean {close[0]!r}?" if close else "")
             )
 
     def read(self, logs: dict[str, Any]) -> float | None:
@@ -76,3 +93,28 @@ class Monitor:
         raise ConfigError(
             f"{self.owner}: metric {self.name!r} is not logged; available: {sorted(logs)}"
         )
+
+
+def logged_metrics(trainer: Any) -> frozenset[str] | None:
+    """The keys every epoch's logs hold in the trainer's current fit, or None when unknown.
+
+    The training keys are fixed; the validation keys are those ``backend.evaluate`` returns on
+    the first validation batch (one extra evaluation in eval mode, which changes no state).
+    Unknown (None) when a callback from outside unitrain defines ``on_epoch_end`` or
+    ``on_validation_end``, since it may add metrics of its own; monitors then check the name
+    at the first epoch end instead.
+    """
+    callbacks = getattr(getattr(trainer, "callbacks", None), "callbacks", None)
+    if callbacks is None or not hasattr(trainer, "val_source"):
+        return None
+    for callback in callbacks:
+        foreign = not type(callback).__module__.startswith("unitrain.")
+        hooks = ("on_epoch_end", "on_validation_end")
+        if foreign and any(CallbackList._overrides(callback, hook) for hook in hooks):
+            return None
+    names = {"epoch", "step", "lr", "loss", "skipped_steps", "seconds"}
+    if trainer.val_source is not None:
+        batch = next(trainer.val_source.batches(0), None)
+        if batch is not None:
+            names.update(f"val_{key}" for key in trainer.backend.evaluate(batch))
+    return frozenset(names)

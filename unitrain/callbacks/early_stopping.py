@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from unitrain._errors import ConfigError
-from unitrain.callbacks._base import Callback
+from unitrain._errors import CheckpointError, ConfigError
+from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class EarlyStopping(Callback):
     def on_train_begin(self, trainer: Trainer) -> None:
         self.monitor.check_trainer(trainer)
         self._reset()
+        self._trainer = trainer  # to check restored best weights against the model
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         current = self.monitor.read(logs)
@@ -100,9 +101,33 @@ class EarlyStopping(Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.wait, self.best = int(state["wait"]), float(state["best"])
-        self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]
-        self.best_weights = state.get("best_weights")
+        optional = (int, type(None))
+        weights = restored(state, "best_weights", (dict, type(None)), None)
+        if weights is not None and getattr(self, "_trainer", None) is not None:
+            _check_weights(weights, _model_weights(self._trainer))
+        self.wait, self.best = restored(state, "wait", (int,)), restored(state, "best", (float,))
+        self.best_epoch = restored(state, "best_epoch", optional)
+        self.stopped_epoch = restored(state, "stopped_epoch", optional)
+        self.best_weights = weights
+
+
+def _check_weights(saved: dict[str, Any], model: dict[str, np.ndarray]) -> None:
+    """Refuse saved best weights that would not load into the model at the end of training."""
+    if set(saved) != set(model):
+        raise CheckpointError(
+            f"best_weights has tensors {sorted(saved)}, but the model has {sorted(model)}"
+        )
+    for name, value in saved.items():
+        want = model[name]
+        if not isinstance(value, np.ndarray) or (value.shape, value.dtype) != (
+            want.shape,
+            want.dtype,
+        ):
+            raise CheckpointError(
+                f"best_weights[{name!r}] must be a {want.dtype} array of shape {want.shape}"
+            )
+        if not np.isfinite(value).all():
+            raise CheckpointError(f"best_weights[{name!r}] holds NaN or infinite values")
 
 
 def _model_weights(trainer: Trainer) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unitrain.callbacks._base import Callback
+from unitrain._errors import CheckpointError
+from unitrain.callbacks._base import Callback, restored
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
@@ -34,7 +35,7 @@ class _EpochFileLogger(Callback):
         self._offset = 0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._offset = int(state.get("offset", 0))
+        self._offset = restored(state, "offset", (int,), 0)
         self._restore_extra(state)
 
     def state_dict(self) -> dict[str, Any]:
@@ -43,6 +44,10 @@ class _EpochFileLogger(Callback):
     def _write(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         resuming = self._offset > 0 and self.path.exists()
+        if resuming:
+            # A file shorter than the saved offset lost lines since (edited, or restored from
+            # a backup): append after what is there rather than pad it with NUL bytes.
+            self._offset = min(self._offset, self.path.stat().st_size)
         with open(self.path, "r+" if resuming else "w", encoding="utf-8", newline="") as handle:
             handle.truncate(self._offset if resuming else 0)
             handle.seek(self._offset if resuming else 0)
@@ -97,4 +102,7 @@ class CSVLogger(_EpochFileLogger):
         return {"columns": self.columns}
 
     def _restore_extra(self, state: dict[str, Any]) -> None:
-        self.columns = state.get("columns")
+        columns = restored(state, "columns", (list, type(None)), None)
+        if columns is not None and not all(isinstance(c, str) for c in columns):
+            raise CheckpointError("'columns' must be a list of str")
+        self.columns = columns

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unitrain._errors import ConfigError
-from unitrain.callbacks._base import Callback
+from unitrain._errors import CheckpointError, ConfigError
+from unitrain.callbacks._base import Callback, restored
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
@@ -48,4 +48,11 @@ class LRMonitor(Callback):
         return {"values": [list(v) for v in self.values]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.values = [(int(s), float(lr)) for s, lr in state.get("values", [])]
+        values = restored(state, "values", (list,), [])
+        pairs = [restored({"pair": v}, "pair", (list,)) for v in values]
+        if any(len(p) != 2 for p in pairs):
+            raise CheckpointError("'values' must be a list of [step, lr] pairs")
+        self.values = [
+            (restored({"step": s}, "step", (int,)), restored({"lr": lr}, "lr", (float,)))
+            for s, lr in pairs
+        ]

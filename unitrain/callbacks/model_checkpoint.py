@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import ConfigError
-from unitrain.callbacks._base import Callback
+from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
 from unitrain.checkpoint import checkpoint_name, list_checkpoints, remove_checkpoint
 
@@ -131,4 +131,4 @@ class ModelCheckpoint(Callback):
         return {"best": self.best}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best = state.get("best", self.best)
+        self.best = restored(state, "best", (float,), self.best)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import ConfigError
-from unitrain.callbacks._base import Callback
+from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
 
 if TYPE_CHECKING:
@@ -81,5 +81,6 @@ class ReduceLROnPlateau(Callback):
         return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best = float(state["best"])
-        self.wait, self.cooldown_counter = int(state["wait"]), int(state["cooldown_counter"])
+        self.best = restored(state, "best", (float,))
+        self.wait = restored(state, "wait", (int,))
+        self.cooldown_counter = restored(state, "cooldown_counter", (int,))

@@ -165,12 +165,14 @@ def read_file(file: Path, limit: int | None) -> bytes:
         ) from None
     except OSError as exc:
         raise CheckpointError(f"{file}: cannot be opened ({exc}); check permissions") from exc
+    # fstat before fdopen: fdopen itself raises IsADirectoryError for a directory.
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(descriptor)
+        raise CheckpointError(
+            f"{file}: is not a regular file; the checkpoint is damaged — use another one"
+        )
     with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(
-                f"{file}: is not a regular file; the checkpoint is damaged — use another one"
-            )
         if limit is not None and info.st_size > limit:
             raise CheckpointError(
                 f"{file}: is {info.st_size} bytes, over the {limit} byte limit for this file; "

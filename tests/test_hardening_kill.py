@@ -1,0 +1,291 @@
+"""SIGKILL at random moments, in the middle of checkpoint writes too, then resume "latest".
+
+Each trial runs ``unitrain train`` (the default recipe, on CPU) in a subprocess as a user
+would, with ``UNITRAIN_CHECKPOINT_WRITE_DELAY`` making the writer pause after each file so
+that a good share of the kills land inside a checkpoint write. It kills the process with
+SIGKILL at a uniformly random moment of its training time (or, for every second kill of a
+trial, at a random moment of a checkpoint write), then checks, after every kill:
+
+- every checkpoint that ``list_checkpoints`` reports verifies (0 corrupt checkpoints), and
+  is bit-identical to the checkpoint of the same name of an uninterrupted run;
+- ``metrics.jsonl`` holds every epoch line written before the newest checkpoint (a kill loses
+  at most the line in flight), and every complete line equals the uninterrupted run's.
+
+Then it resumes with ``--resume latest`` (taking over the dead run's stale lock) until the run
+completes, and the final checkpoints and metrics must be bit-identical to the uninterrupted
+run's. The default run does 5 kills per backend in one trial (each resumed run is killed
+again, and the last one finishes; a run that ends before its kill time starts a new trial);
+``pytest -m slow tests/test_hardening_kill.py`` does independent trials of one kill and one
+resume each until ``UNITRAIN_KILL_TRIALS`` (default 50) kills have landed.
+``UNITRAIN_HARDENING_REPORT=<dir>`` writes each test's figures there as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _backends import backends
+
+from unitrain import CheckpointError
+from unitrain.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
+
+EPOCHS = 4
+WRITE_DELAY = 0.04  # seconds after each of the 5 files of a checkpoint
+TIMEOUT = 300
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(
+        PYTHONHASHSEED="0",
+        PYTHONUNBUFFERED="1",  # the "training" line arrives when printed
+        OMP_NUM_THREADS="1",  # torch with two threads on two busy cores crawls
+        TF_CPP_MIN_LOG_LEVEL="2",
+        UNITRAIN_CHECKPOINT_WRITE_DELAY=str(WRITE_DELAY),
+    )
+    return env
+
+
+def launch(backend: str, out: Path) -> tuple[subprocess.Popen[str], float]:
+    """Start ``unitrain train --resume latest``; return it once it prints that it trains."""
+    command = [sys.executable, "-m", "unitrain.cli", "train", "--backend", backend]
+    command += ["--device", "cpu", "--epochs", str(EPOCHS), "--out", str(out)]
+    command += ["--resume", "latest"]
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "stderr.log", "ab") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment()
+        )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], TIMEOUT)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("unitrain: training"):
+        process.kill()
+        drain(process)
+        raise AssertionError(f"{command} did not start: {(out / 'stderr.log').read_text()}")
+    return process, time.perf_counter()
+
+
+def drain(process: subprocess.Popen[str]) -> int:
+    assert process.stdout is not None
+    with process.stdout:
+        process.stdout.read()
+    return process.wait(TIMEOUT)
+
+
+def finish(process: subprocess.Popen[str], out: Path) -> None:
+    """Wait for a run that is not killed; it must succeed."""
+    assert drain(process) == 0, (out / "stderr.log").read_text()[-3000:]
+
+
+def kill_at(process: subprocess.Popen[str], started: float, delay: float) -> bool:
+    """SIGKILL ``process`` ``delay`` seconds after ``started``; False if it ended first."""
+    time.sleep(max(0.0, started + delay - time.perf_counter()))
+    process.send_signal(signal.SIGKILL)
+    return drain(process) == -signal.SIGKILL
+
+
+def kill_in_a_write(process: subprocess.Popen[str], directory: Path, delay: float) -> bool:
+    """SIGKILL ``process`` ``delay`` seconds after a checkpoint write starts; False if it ended
+    first. A write starts with a hidden ``.{name}.tmp-*`` staging directory."""
+    while process.poll() is None:
+        names = os.listdir(directory) if directory.exists() else []
+        if any(".tmp-" in name and not name.startswith(".unitrain.lock") for name in names):
+            time.sleep(delay)
+            break
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    code = drain(process)
+    assert code in (0, -signal.SIGKILL), code
+    return code == -signal.SIGKILL
+
+
+# -- what a run leaves behind ------------------------------------------------------------------
+
+
+def stable_trainer_state(info: dict[str, Any]) -> dict[str, Any]:
+    """trainer.json without what legitimately differs between two identical runs."""
+    info = json.loads(json.dumps(info))
+    for row in info.get("history", []):
+        row.pop("seconds", None)
+    # The metrics file's length depends on how many digits each line's "seconds" has.
+    info.get("callbacks", {}).get("JSONLLogger", {}).pop("offset", None)
+    info.get("config", {}).pop("checkpoint_dir", None)
+    return info
+
+
+def snapshot(checkpoint: Path) -> dict[str, Any]:
+    loaded = load_checkpoint(checkpoint)
+    tensors = {}
+    for part in ("model", "optimizer", "callbacks"):
+        for name, array in getattr(loaded, part).items():
+            tensors[f"{part}.{name}"] = (array.dtype.str, array.shape, array.tobytes())
+    return {"tensors": tensors, "trainer": stable_trainer_state(loaded.trainer)}
+
+
+def metric_lines(out: Path) -> tuple[list[dict[str, Any]], str]:
+    """Complete lines of metrics.jsonl (without "seconds") and the partial last line, if any."""
+    file = out / "metrics.jsonl"
+    text = file.read_text(encoding="utf-8") if file.exists() else ""
+    *complete, partial = text.split("\n")
+    rows = [json.loads(line) for line in complete]
+    for row in rows:
+        row.pop("seconds")
+    return rows, partial
+
+
+class Reference:
+    """The uninterrupted run: its checkpoints, metric lines and training time."""
+
+    def __init__(self, backend: str, out: Path) -> None:
+        process, started = launch(backend, out)
+        finish(process, out)
+        self.seconds = time.perf_counter() - started
+        directory = out / "checkpoints"
+        self.checkpoints = {p.name: snapshot(p) for p in list_checkpoints(directory)}
+        self.metrics, partial = metric_lines(out)
+        assert partial == "" and len(self.metrics) == EPOCHS
+        assert sorted(self.checkpoints)[-1] == "epoch=0004-step=000180"
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Reference]:
+    """Built lazily, one backend at a time, so a worker builds only those it tests."""
+
+    class Lazy(dict):  # type: ignore[type-arg]
+        def __missing__(self, backend: str) -> Reference:
+            self[backend] = Reference(backend, tmp_path_factory.mktemp(f"reference-{backend}"))
+            return self[backend]
+
+    return Lazy()
+
+
+def check_after_kill(out: Path, reference: Reference, report: dict[str, Any]) -> int:
+    """No checkpoint is corrupt or differs from the reference; no finished line is lost.
+
+    Returns:
+        The epochs done by the newest checkpoint, where a resume continues.
+    """
+    directory = out / "checkpoints"
+    newest_epoch = 0
+    for checkpoint in list_checkpoints(directory):
+        try:
+            verify_checkpoint(checkpoint)
+        except CheckpointError:
+            report["corrupt"] += 1
+            raise
+        name = checkpoint.name
+        if name.startswith("."):  # a copy displaced by a replacement the kill interrupted
+            name = name[1:].split(".old-")[0]
+        got = snapshot(checkpoint)
+        if name in reference.checkpoints:
+            assert got == reference.checkpoints[name], f"{checkpoint} differs from the reference"
+        newest_epoch = max(newest_epoch, got["trainer"]["epoch"])
+    names = os.listdir(directory) if directory.exists() else []
+    hidden = [name for name in names if not name.startswith(".unitrain.lock")]
+    if any(kind in name for name in hidden for kind in (".tmp-", ".old-", ".del-")):
+        report["kills_inside_a_write"] += 1  # staging, replacing or deleting a checkpoint
+    rows, partial = metric_lines(out)
+    assert rows == reference.metrics[: len(rows)], "a metrics line differs from the reference"
+    # The logger writes an epoch's line before that epoch's checkpoint is saved.
+    assert len(rows) >= newest_epoch, f"{newest_epoch - len(rows)} finished metrics lines lost"
+    report["partial_metric_lines"] += partial != ""
+    return newest_epoch
+
+
+def check_final(out: Path, reference: Reference) -> None:
+    got = {p.name: snapshot(p) for p in list_checkpoints(out / "checkpoints")}
+    assert sorted(got) == sorted(reference.checkpoints)
+    for name, value in reference.checkpoints.items():
+        assert got[name] == value, f"{name} is not bit-identical to the uninterrupted run's"
+    rows, partial = metric_lines(out)
+    assert (rows, partial) == (reference.metrics, "")
+    assert not (out / "checkpoints" / ".unitrain.lock").exists()
+
+
+def run_trial(
+    backend: str, out: Path, reference: Reference, kills: int, rng: np.random.Generator
+) -> dict[str, Any]:
+    """Kill ``kills`` successive runs at random moments, then let the last one finish.
+
+    Every other kill time is uniform over the training time the run has left (the
+    uninterrupted run's, scaled by the share of epochs the newest checkpoint has not done);
+    the others come at a uniform moment of the first checkpoint write the run starts.
+    """
+    report = {"kills": 0, "kills_inside_a_write": 0, "corrupt": 0, "partial_metric_lines": 0}
+    done = 0
+    while report["kills"] < kills:
+        process, started = launch(backend, out)
+        left = reference.seconds * (EPOCHS - done) / EPOCHS
+        if report["kills"] % 2:
+            write = 5 * WRITE_DELAY  # five files, a pause after each
+            killed = kill_in_a_write(process, out / "checkpoints", float(rng.uniform(0, write)))
+        else:
+            killed = kill_at(process, started, float(rng.uniform(0.0, 0.9 * left)))
+        if not killed:
+            break  # it finished before the kill: the run is complete
+        report["kills"] += 1
+        done = check_after_kill(out, reference, report)
+    process, _ = launch(backend, out)
+    finish(process, out)
+    check_final(out, reference)
+    return report
+
+
+def write_report(name: str, figures: dict[str, Any]) -> None:
+    directory = os.environ.get("UNITRAIN_HARDENING_REPORT")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.json").write_text(json.dumps(figures, indent=2))
+
+
+def _seed() -> int:
+    return int(os.environ.get("UNITRAIN_KILL_SEED") or np.random.SeedSequence().entropy % 2**32)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_five_sigkills_in_a_row_then_resume_is_bit_identical(backend, tmp_path, references):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    totals = {"trials": 0, "kills": 0, "kills_inside_a_write": 0, "corrupt": 0}
+    # A run that ends before its kill time ends its trial early (rarely): start another.
+    while totals["kills"] < 5 and totals["trials"] < 5:
+        out = tmp_path / f"trial{totals['trials']}"
+        report = run_trial(backend, out, references[backend], 5 - totals["kills"], rng)
+        totals["trials"] += 1
+        for key in ("kills", "kills_inside_a_write", "corrupt"):
+            totals[key] += report[key]
+    write_report(f"kill-ci-{backend}", {"seed": seed, **totals})
+    assert totals["corrupt"] == 0 and totals["kills"] >= 5, f"seed {seed}: {totals}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", backends())
+def test_many_sigkill_trials_are_bit_identical(backend, tmp_path, references):
+    trials = int(os.environ.get("UNITRAIN_KILL_TRIALS", "50"))
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    totals = {"trials": 0, "identical": 0, "kills": 0, "kills_inside_a_write": 0}
+    totals.update(corrupt=0, partial_metric_lines=0)
+    started = time.perf_counter()
+    while totals["kills"] < trials and totals["trials"] < 2 * trials:
+        out = tmp_path / f"trial{totals['trials']}"
+        report = run_trial(backend, out, references[backend], 1, rng)
+        totals["trials"] += 1
+        totals["identical"] += 1  # run_trial asserts bit-identity of the finished run
+        for key in ("kills", "kills_inside_a_write", "corrupt", "partial_metric_lines"):
+            totals[key] += report[key]
+    totals["seconds"] = round(time.perf_counter() - started, 1)
+    write_report(f"kill-slow-{backend}", {"seed": seed, **totals})
+    assert totals["corrupt"] == 0 and totals["identical"] == totals["trials"]
+    assert totals["kills"] >= trials

@@ -196,6 +196,10 @@ class JaxBackend:
             )
         return loss
 
+    def to_host(self, values: list[Any]) -> list[np.ndarray]:
+        """Many device values (losses) read back to the host in one transfer."""
+        return list(jax.device_get(values))
+
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode batch means (``loss``, ``accuracy`` for classification): no dropout."""
         x, y = self._arrays(batch)

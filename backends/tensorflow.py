@@ -231,6 +231,12 @@ class TensorFlowBackend:
         self._micro_batch, self._pending = 0, None
         return losses
 
+    def to_host(self, values: list[Any]) -> list[np.ndarray]:
+        """Many device values (losses) read back to the host in one transfer."""
+        if all(v.shape == values[0].shape for v in values):
+            return list(tf.stack(values).numpy())
+        return [v.numpy() for v in values]
+
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics (no dropout, no gradients, no state change) as device scalars."""
         x, y = self._tensors(batch)

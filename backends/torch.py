@@ -221,6 +221,12 @@ class TorchBackend:
             torch._foreach_add_(direction, p, alpha=spec.weight_decay)
             torch._foreach_add_(p, direction, alpha=-lr)
 
+    def to_host(self, values: list[torch.Tensor]) -> list[np.ndarray]:
+        """Many device values (losses) read back to the host in one transfer."""
+        if all(v.shape == values[0].shape for v in values):
+            return list(torch.stack(values).float().cpu().numpy())
+        return [v.detach().float().cpu().numpy() for v in values]
+
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""
         x, y = self._tensors(batch)

@@ -146,6 +146,10 @@ class Backend(Protocol):
         """Return the versions of the framework packages in use, for checkpoints and reports."""
         ...
 
+    # Optional: ``to_host(values) -> list[np.ndarray]`` reads many device values (the losses
+    # the Trainer collects between logging points) back in one transfer; without it each is
+    # converted with ``numpy.asarray``.
+
 
 @runtime_checkable
 class FusedStep(Protocol):

@@ -22,6 +22,7 @@ import unitrain
 from unitrain import rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
+from unitrain._running import RunningLoss
 from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
@@ -144,10 +145,7 @@ class Trainer:
                 stacklevel=2,
             )
         self._device_source: BatchSource | None = None  # the source copied to the device
-        self._loss_sum: Any = 0.0  # a backend scalar once training starts
-        self._step_losses: Any = None  # losses of multi-step calls, a device vector
-        self._step_losses_batch = 0
-        self._count = 0
+        self._running = RunningLoss(getattr(self.backend, "to_host", None))
         self._last_lr = self.lr
         rng.seed_everything(config.seed)
 
@@ -242,7 +240,7 @@ class Trainer:
         callback_states = pack_tensors(self.callbacks.state_dict(), "callbacks", callback_tensors)
         info = {
             **dataclasses.asdict(self.state),
-            "running": {"loss_sum": self._running_loss_sum(), "count": self._count},
+            "running": {"loss_sum": self._running.total(), "count": self._running.count},
             "lr_factor": self.lr_factor,
             "skipped_steps": self.skipped_steps,
             "schedule": self.schedule.to_dict(),
@@ -323,11 +321,7 @@ class Trainer:
         lrs = np.array([self.schedule(state.step + i) for i in range(steps)]) * self.lr_factor
         self.callbacks.call("on_batch_begin", self, state.batch)
         run = self.backend.train_steps_on_device if kind == "indexed" else self.backend.train_steps
-        losses = run(payload, lrs)
-        # The k losses add up on the device as a vector until the next sync folds them in.
-        self._step_losses = losses if self._step_losses is None else self._step_losses + losses
-        self._step_losses_batch = batch_size
-        self._count += steps * batch_size
+        self._running.add(run(payload, lrs), batch_size, steps)
         self._after_update(steps, steps, float(lrs[-1]))
 
     def _train_group(self, group: list[Batch]) -> None:
@@ -336,18 +330,13 @@ class Trainer:
         lr = self.schedule(state.step) * self.lr_factor
         self.callbacks.call("on_batch_begin", self, state.batch)
         if self._fused:
-            loss = backend.train_step(group[0], lr)
-            n = len(group[0][0])
-            self._loss_sum = self._loss_sum + loss * n
-            self._count += n
+            self._running.add(backend.train_step(group[0], lr), len(group[0][0]))
         else:
             sizes = [len(batch[0]) for batch in group]
             total = sum(sizes)
             for batch, n in zip(group, sizes):
-                loss = backend.forward(batch)
+                self._running.add(backend.forward(batch), n)
                 backend.backward(n / total)
-                self._loss_sum = self._loss_sum + loss * n
-            self._count += total
             backend.step(lr)
         self._after_update(1, len(group), lr)
 
@@ -364,25 +353,8 @@ class Trainer:
             self.callbacks.call("on_batch_end", self, state.batch, logs)
 
     def _reset_running(self) -> None:
-        self._loss_sum = 0.0
-        self._step_losses = None
-        self._count = 0
+        self._running.reset()
         self._last_lr = self.lr
-
-    def _running_loss_sum(self) -> float:
-        """The epoch's summed training loss so far, as a host float (a sync point).
-
-        The running sum continues from this host float, which equals the device value
-        exactly; so a run resumed from a checkpoint, which restarts from the saved float,
-        adds up the rest of the epoch exactly as the uninterrupted run does.
-        """
-        total = float(self._loss_sum)
-        if self._step_losses is not None:
-            per_step = np.asarray(self._step_losses, dtype=np.float64)
-            total += float(per_step.sum()) * self._step_losses_batch
-            self._step_losses = None
-        self._loss_sum = total
-        return total
 
     def _read_running(self) -> dict[str, Any]:
         """Read the running metrics back to the host (the only sync point) and check them."""
@@ -390,7 +362,7 @@ class Trainer:
         if skipped > self._skipped_reported:
             self._on_nonfinite(skipped - self._skipped_reported)
             self._skipped_reported = skipped
-        loss = self._running_loss_sum() / self._count if self._count else float("nan")
+        loss = self._running.mean()
         return {"loss": loss, "skipped_steps": skipped}
 
     def _on_nonfinite(self, new: int) -> None:
@@ -489,7 +461,7 @@ class Trainer:
             mine["schedule"] = self.schedule.to_dict()
         _resume.warn_other_settings(path, info, mine, dataclasses.asdict(self.config))
         self.state = TrainState(point.epoch, point.step, point.batch, point.stop_training)
-        self._loss_sum, self._count = point.loss_sum, point.loss_count
+        self._running.reset(point.loss_sum, point.loss_count)
         self.lr_factor = point.lr_factor
         self._skipped_before = self._skipped_reported = point.skipped_steps
         self.history = point.history

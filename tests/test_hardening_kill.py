@@ -133,6 +133,25 @@ def snapshot(checkpoint: Path) -> dict[str, Any]:
     return {"tensors": tensors, "trainer": stable_trainer_state(loaded.trainer)}
 
 
+def differences(got: Any, expected: Any, prefix: str = "") -> list[str]:
+    """The paths at which two snapshots (or metric rows) differ, for a readable failure."""
+    if isinstance(got, dict) and isinstance(expected, dict):
+        found = []
+        for key in sorted(set(got) | set(expected), key=str):
+            if key not in got or key not in expected:
+                found.append(f"{prefix}{key} (present in one only)")
+            else:
+                found += differences(got[key], expected[key], f"{prefix}{key}.")
+        return found
+    if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(got, expected))
+            for d in differences(a, b, f"{prefix}{i}.")
+        ]
+    return [] if got == expected else [f"{prefix[:-1]}: {got!r:.60} != {expected!r:.60}"]
+
+
 def metric_lines(out: Path) -> tuple[list[dict[str, Any]], str]:
     """Complete lines of metrics.jsonl (without "seconds") and the partial last line, if any."""
     file = out / "metrics.jsonl"
@@ -189,14 +208,16 @@ def check_after_kill(out: Path, reference: Reference, report: dict[str, Any]) ->
             name = name[1:].split(".old-")[0]
         got = snapshot(checkpoint)
         if name in reference.checkpoints:
-            assert got == reference.checkpoints[name], f"{checkpoint} differs from the reference"
+            found = differences(got, reference.checkpoints[name])
+            assert not found, f"{checkpoint} differs from the reference: {found[:5]}"
         newest_epoch = max(newest_epoch, got["trainer"]["epoch"])
     names = os.listdir(directory) if directory.exists() else []
     hidden = [name for name in names if not name.startswith(".unitrain.lock")]
     if any(kind in name for name in hidden for kind in (".tmp-", ".old-", ".del-")):
         report["kills_inside_a_write"] += 1  # staging, replacing or deleting a checkpoint
     rows, partial = metric_lines(out)
-    assert rows == reference.metrics[: len(rows)], "a metrics line differs from the reference"
+    found = differences(rows, reference.metrics[: len(rows)])
+    assert not found, f"metrics.jsonl differs from the reference: {found[:5]}"
     # The logger writes an epoch's line before that epoch's checkpoint is saved.
     assert len(rows) >= newest_epoch, f"{newest_epoch - len(rows)} finished metrics lines lost"
     report["partial_metric_lines"] += partial != ""
@@ -207,10 +228,16 @@ def check_final(out: Path, reference: Reference) -> None:
     got = {p.name: snapshot(p) for p in list_checkpoints(out / "checkpoints")}
     assert sorted(got) == sorted(reference.checkpoints)
     for name, value in reference.checkpoints.items():
-        assert got[name] == value, f"{name} is not bit-identical to the uninterrupted run's"
+        found = differences(got[name], value)
+        assert not found, f"{name} is not bit-identical to the uninterrupted run's: {found[:5]}"
     rows, partial = metric_lines(out)
-    assert (rows, partial) == (reference.metrics, "")
-    assert not (out / "checkpoints" / ".unitrain.lock").exists()
+    assert partial == "" and not differences(rows, reference.metrics), differences(
+        rows, reference.metrics
+    )[:5]
+    # The last run took over the lock and deleted what killed saves and removals left.
+    hidden = [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]
+    assert not [n for n in hidden if ".unitrain.lock" in n or ".tmp-" in n or ".del-" in n]
+    assert all(n[1:].split(".old-")[0] not in os.listdir(out / "checkpoints") for n in hidden)
 
 
 def run_trial(

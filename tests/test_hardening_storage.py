@@ -298,6 +298,25 @@ def test_leftovers_of_killed_lock_takers_are_cleaned_up(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [f"{LOCK_NAME}.tmp-3-ef", "keep.txt"]
 
 
+def test_fit_deletes_what_killed_saves_left_and_keeps_the_rest(tmp_path):
+    make_trainer(tmp_path, epochs=1).fit(data())
+    installed = list_checkpoints(tmp_path)[0].name  # its replacement was installed
+    gone = [f".a.tmp-{dead_pid()}-0bad", f".b.del-{dead_pid()}-0bad"]
+    gone.append(f".{installed}.old-{dead_pid()}-0bad")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    kept = [f".c.tmp-{sleeper.pid}-0bad", f".d.old-{dead_pid()}-0bad", "notes"]  # d: only copy
+    try:
+        for name in gone + kept:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "model.safetensors").write_bytes(b"partial")
+        make_trainer(tmp_path, epochs=2).fit(data(), resume="latest")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    left = set(os.listdir(tmp_path))
+    assert not left & set(gone) and set(kept) <= left
+
+
 def test_an_unwritable_directory_is_a_checkpoint_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="cannot create the checkpoint directory"):

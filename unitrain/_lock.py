@@ -39,7 +39,7 @@ from typing import Any
 
 from unitrain._errors import CheckpointError
 
-__all__ = ["LOCK_NAME", "DirectoryLockedError", "RunLock", "locked"]
+__all__ = ["LOCK_NAME", "DirectoryLockedError", "RunLock", "locked", "pid_running"]
 
 #: Name of the lock file inside a locked directory; hidden, so no checkpoint reader sees it.
 LOCK_NAME = ".unitrain.lock"
@@ -67,7 +67,8 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (assumed so where that cannot be told)."""
     if os.name != "posix":  # os.kill(pid, 0) would send CTRL_C_EVENT on Windows: assume alive
         return True
     try:
@@ -249,7 +250,7 @@ class RunLock:
         pid = owner["pid"]
         if pid == os.getpid():
             return True  # not in _HELD (checked first): left by an earlier process
-        if not _pid_running(pid):
+        if not pid_running(pid):
             return True
         recorded, actual = owner.get("process_start"), _process_start(pid)
         return recorded is not None and actual is not None and recorded != actual

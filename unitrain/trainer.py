@@ -33,6 +33,7 @@ from unitrain.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
 from unitrain.models import MLP
@@ -188,7 +189,10 @@ class Trainer:
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints.
         mine = [c.dirpath for c in self.callbacks.callbacks if isinstance(c, ModelCheckpoint)]
-        with locked([Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]):
+        directories = [Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]
+        with locked(directories):
+            for directory in directories:  # safe now: no other run writes there
+                remove_leftovers(directory)
             self._fit(source, val_source, resume)
         return self.history
 

@@ -30,6 +30,7 @@ import numpy as np
 import safetensors.numpy
 
 from unitrain._errors import CheckpointError
+from unitrain._lock import pid_running
 from unitrain.checkpoint._format import (
     ALL_FILES,
     CALLBACKS_FILE,
@@ -46,10 +47,18 @@ from unitrain.checkpoint._format import (
     to_storable_array,
 )
 
-__all__ = ["DISPLACED_PATTERN", "checkpoint_name", "remove_checkpoint", "save_checkpoint"]
+__all__ = [
+    "DISPLACED_PATTERN",
+    "checkpoint_name",
+    "remove_checkpoint",
+    "remove_leftovers",
+    "save_checkpoint",
+]
 
 #: Matches the hidden name a checkpoint has while it is being replaced (step 1 above).
 DISPLACED_PATTERN = re.compile(r"\.(?P<name>.+)\.old-[0-9]+-[0-9a-f]+")
+#: Matches what an interrupted save (``tmp``) or removal (``del``) leaves, with its writer's pid.
+LEFTOVER_PATTERN = re.compile(r"\.(?P<name>.+)\.(?:tmp|del)-[0-9]+-[0-9a-f]+")
 #: Test hook: seconds to sleep after writing each file, so a test can kill a save midway.
 WRITE_DELAY_ENV = "UNITRAIN_CHECKPOINT_WRITE_DELAY"
 
@@ -194,6 +203,33 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise CheckpointError(f"{target}: could not remove the checkpoint: {exc}") from exc
     _remove_tree(trash)
+
+
+def remove_leftovers(directory: str | os.PathLike[str]) -> None:
+    """Deletes the unfinished saves and removals that killed processes left in ``directory``.
+
+    Readers ignore them, but each can be as large as a checkpoint, and a job that is killed
+    often would fill its disk. Only those whose writer (the pid in the name) is not running on
+    this host, or is this process, are deleted; call this only while holding the directory's
+    run lock (the Trainer does, see :mod:`unitrain._lock`), so that no other run writes there.
+    A displaced ``.{name}.old-*`` copy is deleted only when ``name`` exists (the replacement
+    was installed); otherwise it is the only copy of that checkpoint and is kept.
+
+    Args:
+        directory: a checkpoint directory; a missing one has nothing to delete.
+    """
+    root = Path(directory)
+    try:
+        names = set(os.listdir(root))
+    except OSError:
+        return
+    for name in names:
+        leftover = LEFTOVER_PATTERN.fullmatch(name) or DISPLACED_PATTERN.fullmatch(name)
+        if leftover is None or (".old-" in name and leftover["name"] not in names):
+            continue
+        pid = int(name.rsplit("-", 2)[1])
+        if pid == os.getpid() or not pid_running(pid):
+            _remove_tree(root / name)
 
 
 def _encode_tensors(state: Mapping[str, np.ndarray], where: str) -> bytes:

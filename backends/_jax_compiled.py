@@ -1,10 +1,11 @@
 """The jitted pure functions of the JAX backend, built once per configuration and shared.
 
-Only what changes the program is static: the model, the loss and the optimizer description.
+Only what changes the program is static: the model, the loss, the optimizer description, the
+matmul precision, whether gradients are clipped and how a non-finite update is skipped.
 Everything that may change between calls is a traced argument — the learning rate, the
 gradient scale, the update counter and micro-batch index of the dropout key, and the
 :class:`Settings` (seed, clip norm) — so none of them recompiles, and backends that differ
-only in seed or clip norm share one compiled program. :func:`functions` caches the set per
+only in seed or clip bound share one compiled program. :func:`functions` caches the set per
 configuration, so a resumed run or the conformance kit's many backends reuse the code.
 """
 
@@ -40,15 +41,12 @@ class Settings(NamedTuple):
     """Per-backend constants passed as traced arguments, so they never cost a compile."""
 
     seed: Any  # uint32[2]: the seed's low and high words
-    clip_norm: Any  # float32 scalar: the global-norm bound, +inf when clipping is off
+    clip_norm: Any  # float32 scalar: the global-norm bound (+inf, unused, when not clipping)
 
 
 def settings(seed: int, clip_norm: float | None) -> Settings:
-    """:class:`Settings` as host arrays.
-
-    With no clipping the bound is +inf: the coefficient ``min(inf / (norm + 1e-6), 1)`` is
-    exactly one, and multiplying by one changes no bit, so this equals not clipping.
-    """
+    """:class:`Settings` as host arrays (the functions of a run without clipping ignore the
+    bound; they are built with ``clipping=False``)."""
     words = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint32)
     bound = np.float32(np.inf if clip_norm is None else clip_norm)
     return Settings(words, np.asarray(bound))
@@ -69,16 +67,40 @@ class Functions(NamedTuple):
     evaluate: Any
 
 
-def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> Functions:
+def build_functions(
+    model: Any,
+    loss: Any,
+    optimizer_spec: optim.Optimizer,
+    precision: str | None = None,
+    clipping: bool = True,
+    branch: bool = False,
+) -> Functions:
     """Jit the pure functions for ``model`` (an :class:`MLP` or a native apply function).
 
     Donation: every update donates the :class:`DeviceState` it replaces, and ``accumulate``
     donates the gradient buffers it adds into, so XLA updates them in place.
+
+    ``precision`` (``"highest"`` in deterministic mode) is the matmul precision of every
+    function. It is applied while tracing, so it is baked into the compiled programs: no call
+    pays for entering a config context, and the caller's own setting cannot change them.
+    ``clipping=False`` leaves gradient clipping out (the bound in :class:`Settings` is then
+    unused); ``branch`` picks how a non-finite update is skipped (see
+    :func:`~._jax_optim.guarded_update`).
     """
     apply = mlp_apply(model) if isinstance(model, MLP) else model
     loss_fn, classification = loss_function(loss)
     optimizer = build_optimizer(optimizer_spec)
     counts: collections.Counter[str] = collections.Counter()
+
+    def jit(fn: Any, **options: Any) -> Any:
+        @functools.wraps(fn)
+        def traced(*args: Any) -> Any:
+            if precision is None:
+                return fn(*args)
+            with jax.default_matmul_precision(precision):
+                return fn(*args)
+
+        return jax.jit(traced, **options)
 
     def train_loss(params: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any) -> Any:
         outputs = apply(params, x, train=True, rng=dropout_key(cfg.seed, step, micro))
@@ -86,7 +108,13 @@ def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> F
 
     def update(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
         params, opt_state, finite = guarded_update(
-            optimizer, state.params, state.opt_state, grads, lr, cfg.clip_norm
+            optimizer,
+            state.params,
+            state.opt_state,
+            grads,
+            lr,
+            cfg.clip_norm if clipping else None,
+            branch=branch,
         )
         finite = finite.astype(jnp.int32)
         return DeviceState(params, opt_state, state.step + finite, state.skipped + 1 - finite)
@@ -142,23 +170,23 @@ def build_functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> F
     return Functions(
         optimizer=optimizer,
         trace_counts=counts,
-        forward=jax.jit(forward),
-        backward=jax.jit(backward),
-        accumulate=jax.jit(accumulate, donate_argnums=1),
-        step=jax.jit(step, donate_argnums=0),
-        train_step=jax.jit(train_step, donate_argnums=0),
-        train_steps=jax.jit(train_steps, donate_argnums=0),
-        train_steps_on_device=jax.jit(train_steps_on_device, donate_argnums=0),
-        evaluate=jax.jit(evaluate),
+        forward=jit(forward),
+        backward=jit(backward),
+        accumulate=jit(accumulate, donate_argnums=1),
+        step=jit(step, donate_argnums=0),
+        train_step=jit(train_step, donate_argnums=0),
+        train_steps=jit(train_steps, donate_argnums=0),
+        train_steps_on_device=jit(train_steps_on_device, donate_argnums=0),
+        evaluate=jit(evaluate),
     )
 
 
 _cached_functions = functools.lru_cache(maxsize=16)(build_functions)
 
 
-def functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer) -> Functions:
-    """:func:`build_functions`, cached per ``(model, loss, optimizer)``."""
+def functions(model: Any, loss: Any, optimizer_spec: optim.Optimizer, **options: Any) -> Functions:
+    """:func:`build_functions`, cached per model, loss, optimizer and ``options``."""
     try:
-        return _cached_functions(model, loss, optimizer_spec)
+        return _cached_functions(model, loss, optimizer_spec, **options)
     except TypeError:  # an unhashable native model or loss: compile for this backend alone
-        return build_functions(model, loss, optimizer_spec)
+        return build_functions(model, loss, optimizer_spec, **options)

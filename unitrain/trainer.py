@@ -272,13 +272,16 @@ class Trainer:
         if self.state.batch == 0:
             self._reset_running()
         self.callbacks.call("on_epoch_begin", self, epoch)
-        for kind, payload, steps, batch_size in self._units(source, epoch):
-            if kind == "group":
-                self._train_group(payload)
-            else:
-                self._train_steps(kind, payload, steps, batch_size)
-            if self.state.stop_training:
-                break
+        if self._fused and not self._multi_step and self._device_source is not source:
+            self._train_batches(source.batches(epoch, self.state.batch))
+        else:
+            for kind, payload, steps, batch_size in self._units(source, epoch):
+                if kind == "group":
+                    self._train_group(payload)
+                else:
+                    self._train_steps(kind, payload, steps, batch_size)
+                if self.state.stop_training:
+                    break
         logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
@@ -319,6 +322,32 @@ class Trainer:
         while group := list(islice(batches, self.config.grad_accum_steps)):
             yield "group", group, 1, 0
 
+    def _train_batches(self, batches: Iterator[Batch]) -> None:
+        """One fused update per batch: the default path, kept free of per-step overhead.
+
+        Equal to :meth:`_train_group` on one-batch groups. Everything that cannot change
+        within the epoch's loop is looked up once; per update the loop computes the LR,
+        records the loss (no host sync) and counts, and reads the running metrics only at
+        logging points. Hooks are called only when some callback defines them.
+        """
+        state, backend, callbacks, running = self.state, self.backend, self.callbacks, self._running
+        schedule, every = self.schedule, self.config.log_every_n_steps
+        assert isinstance(backend, FusedStep)
+        begin, end = callbacks.hooks["on_batch_begin"], callbacks.hooks["on_batch_end"]
+        for batch in batches:
+            lr = schedule(state.step) * self.lr_factor
+            if begin:
+                callbacks.call("on_batch_begin", self, state.batch)
+            running.add(backend.train_step(batch, lr), len(batch[0]))
+            if begin or end or (state.step + 1) % every == 0:
+                self._after_update(1, 1, lr)
+                if state.stop_training:
+                    break
+            else:
+                state.step += 1
+                state.batch += 1
+                self._last_lr = lr
+
     def _train_steps(self, kind: str, payload: Any, steps: int, batch_size: int) -> None:
         """``steps`` updates in one compiled call of the backend."""
         state = self.state
@@ -345,6 +374,7 @@ class Trainer:
         self._after_update(1, len(group), lr)
 
     def _after_update(self, steps: int, batches: int, lr: float) -> None:
+        """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``."""
         state = self.state
         state.step += steps
         state.batch += batches

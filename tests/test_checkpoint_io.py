@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
 import shutil
 import struct
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from unitrain.checkpoint import (
     FORMAT_VERSION,
     Checkpoint,
     CheckpointWarning,
+    _digest,
     _read,
     _write,
     checkpoint_name,
@@ -33,7 +36,8 @@ from unitrain.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from unitrain.checkpoint._format import DATA_FILES, encode_manifest, sha256_hex
+from unitrain.checkpoint._digest import digest_hex
+from unitrain.checkpoint._format import DATA_FILES, FileDigest, encode_manifest
 
 FILES = (
     "model.safetensors",
@@ -63,7 +67,7 @@ def _resign(checkpoint: Path) -> None:
     files = {}
     for name in DATA_FILES:
         data = (checkpoint / name).read_bytes()
-        files[name] = (sha256_hex(data), len(data))
+        files[name] = FileDigest("crc32", digest_hex("crc32", data), len(data))
     (checkpoint / "manifest.json").write_bytes(encode_manifest(files))
 
 
@@ -87,15 +91,26 @@ def _raw_safetensors(header: dict[str, Any]) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + bytes(size)
 
 
+def _corrupt_at(file: Path, offset: int) -> None:
+    with open(file, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x10]))
+
+
 def _trainer_json(**fields: Any) -> bytes:
     return json.dumps({"step": 1, "epoch": 0, "format_version": 1, **fields}).encode()
 
 
 @pytest.mark.parametrize(
     "dtype",
-    ["float16", "float32", "float64", "int8", "int32", "int64", "uint8", "uint64", "bool"],
+    [
+        *("float16", "float32", "float64", "complex64"),
+        *("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"),
+    ],
 )
-@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)])
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4), (3, 0, 2)])
 def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, shape: tuple[int, ...]) -> None:
     raw = np.random.default_rng(0).bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)
     array = np.frombuffer(raw, np.uint8 if dtype == "bool" else dtype).reshape(shape)  # any bits
@@ -104,6 +119,8 @@ def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, shape: tuple[int, .
     loaded = load_checkpoint(_save(tmp_path / "c", model=saved, optimizer={}))
     _assert_bit_exact(loaded.model, saved)
     assert loaded.optimizer == {}
+    # The files are plain safetensors: safetensors' own reader loads them bit-exactly.
+    _assert_bit_exact(safetensors.numpy.load_file(loaded.path / "model.safetensors"), saved)
     assert safetensors.numpy.load((loaded.path / "optimizer.safetensors").read_bytes()) == {}
 
 
@@ -130,7 +147,7 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert manifest["format_version"] == FORMAT_VERSION and set(manifest["files"]) == {*DATA_FILES}
     for name, entry in manifest["files"].items():
         data = (path / name).read_bytes()
-        assert entry == {"sha256": sha256_hex(data), "size": len(data)}
+        assert entry == {"crc32": f"{zlib.crc32(data):08x}", "size": len(data)}
 
 
 def test_save_creates_parents_and_overwrites(tmp_path: Path) -> None:
@@ -139,6 +156,140 @@ def test_save_creates_parents_and_overwrites(tmp_path: Path) -> None:
     loaded = load_checkpoint(path)
     assert (loaded.trainer["step"], list(loaded.model)) == (2, ["w"])
     assert _hidden_entries(path.parent) == []
+
+
+# The safetensors layout and the digests, streamed
+
+
+def test_tensor_data_is_aligned_and_ordered_as_safetensors_does(tmp_path: Path) -> None:
+    model = {"b": np.zeros(3, np.int8), "a": np.ones(2), "c": np.zeros(1, np.float32)}
+    data = (_save(tmp_path / "c", model=model) / "model.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    assert length % 8 == 0 and data[8 + length - 1 : 8 + length] in (b"}", b" ")
+    assert list(header) == ["a", "c", "b"]  # widest items first, then by name
+    for name, entry in header.items():
+        assert entry["data_offsets"][0] % np.dtype(model[name].dtype).itemsize == 0
+    assert data == safetensors.numpy.save(model)  # the same bytes as safetensors writes
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+@pytest.mark.parametrize("chunk", [7, 4096])
+def test_files_stream_in_chunks_with_their_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, threaded: bool
+) -> None:
+    """Chunks that split headers and tensors, digested on the worker thread or inline."""
+    for module in (_read, _write):
+        monkeypatch.setattr(module, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(_digest, "_THREAD_MIN_BYTES", 0 if threaded else 2**62)
+    model = {**MODEL, "big": np.random.default_rng(0).random((50, 70))}
+    path = _save(tmp_path / "c", model=model)
+    _assert_bit_exact(load_checkpoint(path).model, model)
+    manifest = json.loads((path / "manifest.json").read_text())["files"]
+    data = (path / "model.safetensors").read_bytes()
+    assert manifest["model.safetensors"]["crc32"] == f"{zlib.crc32(data):08x}"
+    for offset in (20, len(data) // 2, len(data) - 1):  # in the header, a tensor, the end
+        damaged = tmp_path / f"damaged-{offset}"
+        shutil.copytree(path, damaged)
+        _corrupt_at(damaged / "model.safetensors", offset)
+        # Damage in the header is reported as damage, not as the parse error it causes.
+        with pytest.raises(CheckpointError, match=r"model\.safetensors: crc32 mismatch"):
+            load_checkpoint(damaged)
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=st.binary(max_size=300), second=st.binary(max_size=300), zeros=st.integers(0, 2**20))
+def test_crc32_combine_joins_crcs_as_zlib_would(first: bytes, second: bytes, zeros: int) -> None:
+    second += bytes(zeros)  # long runs too, so every power of x is used
+    joined = _digest.crc32_combine(zlib.crc32(first), zlib.crc32(second), len(second))
+    assert joined == zlib.crc32(first + second)
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256"])
+def test_digest_of_chunks_on_workers_equals_the_whole(algorithm: str) -> None:
+    data = np.random.default_rng(0).bytes(5 * _digest.CHUNK_BYTES + 3)
+    view = memoryview(data)
+    with _digest.Digest(algorithm, len(data)) as digest:
+        for start in range(0, len(data), 1_000_003):  # chunks that straddle CHUNK_BYTES
+            digest.update(view[start : start + 1_000_003])
+        assert digest.hexdigest() == digest_hex(algorithm, data)
+
+
+def test_large_tensors_round_trip_through_the_worker_thread(tmp_path: Path) -> None:
+    model = {"w": np.random.default_rng(0).random((3000, 1000), dtype=np.float32)}  # 12 MB
+    model["v"] = model["w"][::-1].copy()
+    path = _save(tmp_path / "c", model=model)
+    _assert_bit_exact(load_checkpoint(path).model, model)
+    _corrupt_at(path / "model.safetensors", 20_000_000)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: crc32 mismatch"):
+        load_checkpoint(path)
+
+
+def test_checkpoints_of_format_version_1_still_load_and_verify(tmp_path: Path) -> None:
+    """Before version 2, files were written by safetensors.numpy.save and hashed with SHA-256."""
+    path = tmp_path / "v1"
+    path.mkdir()
+    trainer = {"step": 3, "epoch": 1, "format_version": 1}
+    contents = {
+        "model.safetensors": safetensors.numpy.save(MODEL),
+        "optimizer.safetensors": safetensors.numpy.save(OPTIMIZER),
+        "callbacks.safetensors": safetensors.numpy.save({}),
+        "trainer.json": json.dumps(trainer, indent=2).encode(),
+    }
+    files = {}
+    for name, data in contents.items():
+        (path / name).write_bytes(data)
+        files[name] = FileDigest("sha256", hashlib.sha256(data).hexdigest(), len(data))
+    manifest = encode_manifest(files)
+    assert b'"format_version": 1' in manifest and b'"sha256": ' in manifest
+    (path / "manifest.json").write_bytes(manifest)
+    verify_checkpoint(path)
+    loaded = load_checkpoint(path)
+    _assert_bit_exact(loaded.model, MODEL)
+    _assert_bit_exact(loaded.optimizer, OPTIMIZER)
+    assert loaded.trainer == trainer
+    _corrupt_at(path / "model.safetensors", 100)
+    pattern = r"model\.safetensors: sha256 mismatch \(expected [0-9a-f]{64}, found [0-9a-f]{64}\)"
+    with pytest.raises(CheckpointError, match=pattern):
+        load_checkpoint(path)
+
+
+def test_damage_is_reported_before_parse_errors(tmp_path: Path) -> None:
+    """As when every file was checked against the manifest before any was parsed."""
+    path = _save(tmp_path / "c")
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    _resign(path)
+    _corrupt_at(path / "optimizer.safetensors", 10)
+    with pytest.raises(CheckpointError, match=r"optimizer\.safetensors: crc32 mismatch"):
+        load_checkpoint(path)
+    (path / "trainer.json").write_text("{")
+    _resign(path)
+    with pytest.raises(CheckpointError, match=r"trainer\.json: not valid JSON"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"trainer\.json: not valid JSON"):
+        load_checkpoint(path, verify=False)
+
+
+@pytest.mark.parametrize("change", ["grow", "shrink"])
+def test_a_file_that_changes_while_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    path = _save(tmp_path / "c")
+    real_open = _read._open_regular
+
+    def open_then_change(file: Path) -> Any:
+        opened = real_open(file)  # the size is taken here, as another process then writes
+        if file.name == "model.safetensors":
+            data = file.read_bytes()
+            file.write_bytes(data + b"more" if change == "grow" else data[:-4])
+        return opened
+
+    monkeypatch.setattr(_read, "_open_regular", open_then_change)
+    message = "grew while being read" if change == "grow" else r"size mismatch \(expected \d+"
+    for verify in (True, False):
+        with pytest.raises(CheckpointError, match=rf"model\.safetensors: {message}"):
+            load_checkpoint(path, verify=verify)
+        _save(path)
 
 
 # What save refuses
@@ -154,6 +305,8 @@ def test_save_creates_parents_and_overwrites(tmp_path: Path) -> None:
         ({"model": {"../w": np.zeros(1)}}, "not allowed"),
         ({"optimizer": {"a/b": np.zeros(1)}}, "not allowed"),
         ({"model": {"": np.zeros(1)}}, "not allowed"),
+        ({"model": {"__metadata__": np.zeros(1)}}, "safetensors reserves it"),
+        ({"callbacks": {"\udc80": np.zeros(1)}}, "not valid Unicode"),
         ({"model": {1: np.zeros(1)}}, "must be str"),
         ({"model": [np.zeros(1)]}, "expected a mapping"),
         ({"trainer": {"epoch": 0}}, "'step' must be an int"),
@@ -162,7 +315,8 @@ def test_save_creates_parents_and_overwrites(tmp_path: Path) -> None:
         ({"trainer": {"epoch": 0, "step": 1.0}}, "'step' must be an int"),
         ({"trainer": {"epoch": 0, "step": 0, "x": {1: 2}}}, "keys must be str"),
         ({"trainer": {"epoch": 0, "step": 0, "x": np.float32(1)}}, "not JSON data"),
-        ({"trainer": {"epoch": 0, "step": 0, "format_version": 2}}, "format_version"),
+        ({"trainer": {"epoch": 0, "step": 0, "format_version": 1}}, "format_version"),
+        ({"trainer": {"epoch": 0, "step": 0, "format_version": 3}}, "format_version"),
         ({"trainer": {"epoch": 0, "step": 0, "x": json.loads("[" * 70 + "]" * 70)}}, "deeper"),
         ({"path": ".hidden"}, r"must not be empty or start with '\.'"),
         ({"path": ".."}, r"must not be empty or start with '\.'"),
@@ -267,7 +421,7 @@ def _corrupt(path: Path, name: str, how: str) -> None:
 def test_load_refuses_modified_files(tmp_path: Path, name: str, how: str) -> None:
     path = _save(tmp_path / "c")
     _corrupt(path, name, how)
-    expected = "sha256 mismatch" if how == "flip" else "size mismatch"
+    expected = "crc32 mismatch" if how == "flip" else "size mismatch"
     with pytest.raises(CheckpointError, match=expected) as info:
         load_checkpoint(path)
     assert name in str(info.value) and "use an earlier checkpoint" in str(info.value)
@@ -276,18 +430,21 @@ def test_load_refuses_modified_files(tmp_path: Path, name: str, how: str) -> Non
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda m: m.replace('"format_version": 1', '"format_version": 2'), "upgrade unitrain"),
-        (lambda m: m.replace('"format_version": 1', '"format_version": true'), "positive int"),
+        (lambda m: m.replace('"format_version": 2', '"format_version": 3'), "upgrade unitrain"),
+        (lambda m: m.replace('"format_version": 2', '"format_version": true'), "positive int"),
+        (lambda m: m.replace('"format_version": 2', '"format_version": 1'), "'sha256': 64"),
         (lambda m: m.replace("  ", "   ", 1), "canonical form"),
         (lambda m: m + "\n", "canonical form"),
         (lambda m: m[:-10], "not valid JSON"),
         (lambda m: "[]", "exactly 'files'"),
         (lambda m: m.replace('"trainer.json"', '"other.json"'), "must list exactly"),
         (lambda m: m.replace('"size": ', '"size": -', 1), "'size': int >= 0"),
-        (lambda m: m.replace('"sha256": "', '"sha256": "A', 1), "64 lowercase hex"),
+        (lambda m: m.replace('"crc32": "', '"crc32": "A', 1), "'crc32': 8 lowercase hex"),
+        (lambda m: m.replace('"crc32": "', '"crc32": "0', 1), "'crc32': 8 lowercase hex"),
+        (lambda m: m.replace('"crc32"', '"sha256"', 1), "'crc32': 8 lowercase hex"),
         (
-            lambda m: m.replace(json.loads(m)["files"]["trainer.json"]["sha256"], "0" * 64),
-            r"trainer\.json: sha256 mismatch \(expected 0{64}, found [0-9a-f]{64}\)",
+            lambda m: m.replace(json.loads(m)["files"]["trainer.json"]["crc32"], "0" * 8),
+            r"trainer\.json: crc32 mismatch \(expected 0{8}, found [0-9a-f]{8}\)",
         ),
     ],
 )
@@ -362,6 +519,31 @@ def test_load_refuses_oversized_json(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (struct.pack("<Q", 2**20) + b"{}", "not a readable safetensors"),
         (b"", "not a readable safetensors"),
         (_raw_safetensors({"w": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}), "BF16"),
+        (_raw_safetensors({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}), "fit"),
+        (
+            _raw_safetensors(
+                {
+                    "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+                }
+            ),
+            "invalid offsets for tensor 'b'",
+        ),
+        (
+            _raw_safetensors({"w": {"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}}),
+            "has shape",
+        ),
+        (_raw_safetensors({"w": {"dtype": "I32", "shape": [True], "data_offsets": [0, 4]}}), "int"),
+        (_raw_safetensors({"w": {"dtype": "F32", "shape": [], "data_offsets": [4, 4, 4]}}), "offs"),
+        (struct.pack("<Q", 2) + b"[]", "does not start with '{'"),
+        (struct.pack("<Q", 8) + b'{"a":1} ', "must have exactly"),
+        (struct.pack("<Q", 8) + b'{"a":1,"a":2}'[:8], "not valid JSON"),
+        (struct.pack("<Q", 16) + b'{"a":{},"a":{}} ', "duplicate key"),
+        (struct.pack("<Q", 24) + b'{"__metadata__":{"k":1}}', "'__metadata__' must map str"),
+        (struct.pack("<Q", 8) + b"{}      " + bytes(4), "cover 0 bytes of data, but the file"),
+        (struct.pack("<Q", 8) + b"{\xff}     ", "not UTF-8"),
+        (struct.pack("<Q", 8) + b"{}", "invalid header length"),
+        (b"1234567", "header too small"),
     ],
 )
 def test_load_refuses_bad_safetensors(tmp_path: Path, content: bytes, message: str) -> None:
@@ -473,7 +655,7 @@ def test_latest_falls_back_past_corrupted_newest(tmp_path: Path) -> None:
         assert resolve_checkpoint("latest", tmp_path) == good
     messages = [str(warning.message) for warning in caught]
     assert len(messages) == 2
-    assert str(newest) in messages[0] and "sha256 mismatch" in messages[0]
+    assert str(newest) in messages[0] and "crc32 mismatch" in messages[0]
     assert str(missing) in messages[1] and "missing optimizer.safetensors" in messages[1]
 
 

@@ -55,7 +55,8 @@ from unitrain import (
 )
 from unitrain import callbacks as cb
 from unitrain.checkpoint import load_checkpoint, save_checkpoint
-from unitrain.checkpoint._format import DATA_FILES, encode_manifest, sha256_hex
+from unitrain.checkpoint._digest import digest_hex
+from unitrain.checkpoint._format import DATA_FILES, FileDigest, encode_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = (*DATA_FILES, "manifest.json")
@@ -129,9 +130,9 @@ def resign(checkpoint: Path) -> None:
     for name in DATA_FILES:
         if (checkpoint / name).is_file() and not (checkpoint / name).is_symlink():
             data = (checkpoint / name).read_bytes()
-            files[name] = (sha256_hex(data), len(data))
+            files[name] = FileDigest("crc32", digest_hex("crc32", data), len(data))
         else:
-            files[name] = ("0" * 64, 0)
+            files[name] = FileDigest("crc32", "0" * 8, 0)
     (checkpoint / "manifest.json").write_bytes(encode_manifest(files))
 
 

@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,7 +30,13 @@ import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
 from unitrain._lock import LOCK_NAME, DirectoryLockedError, RunLock, _process_start
-from unitrain.checkpoint import _write, list_checkpoints, load_checkpoint, verify_checkpoint
+from unitrain.checkpoint import (
+    _write,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -60,12 +68,12 @@ def test_full_disk_in_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     real_write = _write._write_file
     calls = []
 
-    def write_until_the_disk_is_full(file: Path, payload: bytes) -> None:
+    def write_until_the_disk_is_full(file: Path, payload: Any) -> Any:
         calls.append(file)
         # epoch 1 writes "epoch=0001-..." and "best" (10 files); epoch 2's save then fails.
         if len(calls) == 10 + failing_file + 1:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        real_write(file, payload)
+        return real_write(file, payload)
 
     monkeypatch.setattr(_write, "_write_file", write_until_the_disk_is_full)
     trainer = make_trainer(directory)
@@ -104,6 +112,43 @@ def test_full_disk_while_replacing_best_keeps_the_old_best(tmp_path, monkeypatch
     after = load_checkpoint(directory / "best")
     assert after.trainer["step"] == before.trainer["step"]
     assert not [name for name in os.listdir(directory) if name.startswith(".")]
+
+
+class _SlowDisk(io.FileIO):
+    """A file whose unbuffered writes take at most 3 bytes each, on a disk with ``room`` left."""
+
+    room = 2**62
+
+    def write(self, data: Any) -> int:
+        if _SlowDisk.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = super().write(memoryview(data)[: min(3, _SlowDisk.room)])
+        _SlowDisk.room -= written
+        return written
+
+
+@pytest.mark.parametrize("room", [None, 100, 5000])  # never full; full in a header; in a tensor
+def test_partial_writes_and_a_disk_filling_mid_file(tmp_path, monkeypatch, room):
+    """Unbuffered writes may take part of a chunk; ENOSPC may come halfway through a file."""
+    model = {"w": np.arange(2000, dtype=np.float32).reshape(40, 50), "b": np.ones(3)}
+    path = tmp_path / "last"
+    save_checkpoint(path, model={}, optimizer={}, trainer={"epoch": 0, "step": 1})
+    monkeypatch.setattr(_SlowDisk, "room", 2**62 if room is None else room)
+    monkeypatch.setattr(
+        _write, "open", lambda file, *args, **kwargs: _SlowDisk(file, "xb"), raising=False
+    )
+    try:
+        save_checkpoint(path, model=model, optimizer={}, trainer={"epoch": 0, "step": 2})
+    except CheckpointError as error:
+        assert room is not None
+        assert re.search(r"No space left on device.*is unchanged", str(error))
+    monkeypatch.undo()
+    loaded = load_checkpoint(path)
+    assert os.listdir(tmp_path) == ["last"]
+    assert loaded.trainer["step"] == (2 if room is None else 1)
+    if room is None:
+        for name, array in model.items():
+            np.testing.assert_array_equal(loaded.model[name], array)
 
 
 # -- the run lock ----------------------------------------------------------------------------------

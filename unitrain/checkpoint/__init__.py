@@ -7,10 +7,14 @@ A checkpoint directory holds exactly five files:
   holds arrays from callback states, such as early stopping's best weights);
 - ``trainer.json``: the trainer's own state (int ``step`` and ``epoch`` plus whatever else the
   caller stores) with ``"format_version"`` added;
-- ``manifest.json``: the SHA-256 and size of the other three files.
+- ``manifest.json``: the CRC32 and size of the other four files (SHA-256 in checkpoints of
+  format version 1, which still load); it detects damage, it is not a signature (see
+  ``unitrain/checkpoint/_digest.py`` for why CRC32).
 
-This layer is pure storage and knows nothing of the Trainer. Nothing here uses pickle, and
-every problem raises :class:`~unitrain.CheckpointError` with a message naming the file.
+Tensors stream between the arrays' memory and the files, digested on worker threads as they
+pass, so saving and loading copy each byte once. This layer is pure storage and knows nothing
+of the Trainer. Nothing here uses pickle, and every problem raises
+:class:`~unitrain.CheckpointError` with a message naming the file.
 """
 
 from unitrain.checkpoint._discovery import list_checkpoints, resolve_checkpoint

@@ -6,19 +6,22 @@ reader would refuse.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from unitrain._errors import CheckpointError
+from unitrain.checkpoint._digest import CRC32, DIGEST_PATTERNS, SHA256
 
 #: Version of the layout described in this module; bumped on any incompatible change.
-FORMAT_VERSION = 1
+#: Version 2 records CRC32 digests in the manifest where version 1 recorded SHA-256; both are
+#: read (see :mod:`unitrain.checkpoint._digest` for why).
+FORMAT_VERSION = 2
+#: The digest a manifest of each format version records.
+MANIFEST_DIGESTS = {1: SHA256, 2: CRC32}
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -45,16 +48,23 @@ SUPPORTED_DTYPES = frozenset(
     }
 )
 
-_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
-
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped or a leftover could not be cleaned up; the run goes on."""
 
 
-def sha256_hex(data: bytes) -> str:
-    """Returns the lowercase hex SHA-256 digest of ``data``, as the manifest records it."""
-    return hashlib.sha256(data).hexdigest()
+class FileDigest(NamedTuple):
+    """What a manifest records of one file: its digest and size.
+
+    Attributes:
+        algorithm: ``"crc32"`` (format version 2) or ``"sha256"`` (version 1).
+        digest: the lowercase hex digest of the file's bytes.
+        size: the file's size in bytes.
+    """
+
+    algorithm: str
+    digest: str
+    size: int
 
 
 def check_tensor_name(name: object, where: str) -> str:
@@ -69,6 +79,11 @@ def check_tensor_name(name: object, where: str) -> str:
         raise CheckpointError(
             f"{where}: tensor name {name!r} is not allowed: names must be non-empty and free "
             "of '/', '\\', '..' and NUL; rename the tensor (e.g. join path parts with '.')"
+        )
+    if name == "__metadata__":
+        raise CheckpointError(
+            f"{where}: tensor name '__metadata__' is not allowed: safetensors reserves it for "
+            "the file's metadata; rename the tensor"
         )
     return name
 
@@ -123,7 +138,8 @@ def check_json_value(value: Any, where: str) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for :func:`json.loads` that refuses a key given twice."""
     result = dict(pairs)
     if len(result) != len(pairs):
         raise ValueError("duplicate key in JSON object")
@@ -133,7 +149,7 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def decode_json(data: bytes, file: Path) -> Any:
     """Parses a checkpoint JSON file; ``NaN`` and ``Infinity`` tokens are accepted."""
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=reject_duplicate_keys)
     except RecursionError:
         raise CheckpointError(
             f"{file}: JSON is nested too deeply to read; the file is damaged or was not "
@@ -213,24 +229,36 @@ def encode_trainer_state(trainer: Mapping[str, Any], where: str) -> bytes:
     return data
 
 
-def encode_manifest(files: Mapping[str, tuple[str, int]]) -> bytes:
+def encode_manifest(files: Mapping[str, FileDigest]) -> bytes:
     """Serialises a manifest in its one canonical form (sorted keys, 2-space indent).
 
+    The format version written is the one whose digest the entries hold: 2 for CRC32, which
+    every new checkpoint uses, and 1 for SHA-256, so that old manifests re-encode to their own
+    bytes when :func:`parse_manifest` checks their form.
+
     Args:
-        files: maps each data file name to ``(sha256 hex digest, size in bytes)``.
+        files: maps each data file name to its :class:`FileDigest`; all of one algorithm.
     """
+    algorithms = {entry.algorithm for entry in files.values()} or {CRC32}
+    versions = [v for v, algorithm in MANIFEST_DIGESTS.items() if {algorithm} == algorithms]
+    if not versions:
+        raise ValueError(f"a manifest holds digests of one algorithm, got {sorted(algorithms)}")
     manifest = {
-        "files": {name: {"sha256": digest, "size": size} for name, (digest, size) in files.items()},
-        "format_version": FORMAT_VERSION,
+        "files": {
+            name: {entry.algorithm: entry.digest, "size": entry.size}
+            for name, entry in files.items()
+        },
+        "format_version": versions[0],
     }
     return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("ascii")
 
 
-def parse_manifest(data: bytes, file: Path) -> dict[str, tuple[str, int]]:
-    """Validates manifest bytes and returns ``{file name: (sha256, size)}``.
+def parse_manifest(data: bytes, file: Path) -> dict[str, FileDigest]:
+    """Validates manifest bytes and returns ``{file name: FileDigest}``.
 
-    The manifest is the one file no hash covers, so it must also be byte-for-byte in the
+    The manifest is the one file no digest covers, so it must also be byte-for-byte in the
     canonical form :func:`encode_manifest` writes: any edit, even to whitespace, is refused.
+    Its format version says which digest its entries hold (:data:`MANIFEST_DIGESTS`).
     """
     manifest = decode_json(data, file)
     if not isinstance(manifest, dict) or set(manifest) != {"files", "format_version"}:
@@ -239,6 +267,8 @@ def parse_manifest(data: bytes, file: Path) -> dict[str, tuple[str, int]]:
             "manifest is damaged — use an earlier checkpoint"
         )
     check_format_version(manifest["format_version"], file)
+    algorithm = MANIFEST_DIGESTS[manifest["format_version"]]
+    width = {CRC32: 8, SHA256: 64}[algorithm]
     entries = manifest["files"]
     if not isinstance(entries, dict) or set(entries) != set(DATA_FILES):
         listed = sorted(entries) if isinstance(entries, dict) else entries
@@ -246,19 +276,20 @@ def parse_manifest(data: bytes, file: Path) -> dict[str, tuple[str, int]]:
             f"{file}: 'files' must list exactly {sorted(DATA_FILES)}, got {listed!r:.200}; "
             "the manifest is damaged — use an earlier checkpoint"
         )
-    result: dict[str, tuple[str, int]] = {}
+    result: dict[str, FileDigest] = {}
     for name, entry in entries.items():
-        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        digest = entry.get(algorithm) if isinstance(entry, dict) else None
         size = entry.get("size") if isinstance(entry, dict) else None
-        valid = isinstance(entry, dict) and set(entry) == {"sha256", "size"}
-        valid = valid and isinstance(digest, str) and _SHA256_PATTERN.fullmatch(digest) is not None
+        valid = isinstance(entry, dict) and set(entry) == {algorithm, "size"}
+        valid = valid and isinstance(digest, str)
+        valid = valid and DIGEST_PATTERNS[algorithm].fullmatch(str(digest)) is not None
         if not valid or type(size) is not int or size < 0:
             raise CheckpointError(
-                f"{file}: entry for {name!r} must be {{'sha256': 64 lowercase hex digits, "
-                f"'size': int >= 0}}, got {entry!r:.200}; the manifest is damaged"
+                f"{file}: entry for {name!r} must be {{{algorithm!r}: {width} lowercase hex "
+                f"digits, 'size': int >= 0}}, got {entry!r:.200}; the manifest is damaged"
             )
         assert isinstance(digest, str) and isinstance(size, int)  # for mypy
-        result[name] = (digest, size)
+        result[name] = FileDigest(algorithm, digest, size)
     if encode_manifest(result) != data:
         raise CheckpointError(
             f"{file}: manifest is not in the canonical form unitrain writes; it was edited "

@@ -1,21 +1,26 @@
 """Reading and verifying checkpoint directories, refusing anything damaged, with no pickle.
 
-Tensors are parsed by safetensors from bytes, JSON by the standard library; nothing on this
-path can execute code from the checkpoint. Every refusal raises
-:class:`~unitrain.CheckpointError` naming the file, what is wrong and what to do.
+Tensors are parsed by :mod:`unitrain.checkpoint._safetensors` and read straight into their
+arrays, JSON by the standard library; nothing on this path can execute code from the
+checkpoint. Each file's digest is computed from the chunks as they arrive, on a worker thread.
+Every refusal raises :class:`~unitrain.CheckpointError` naming the file, what is wrong and
+what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-import safetensors.numpy
 
 from unitrain._errors import CheckpointError
+from unitrain.checkpoint._digest import CHUNK_BYTES, Digest, digest_hex
 from unitrain.checkpoint._format import (
     ALL_FILES,
     CALLBACKS_FILE,
@@ -25,13 +30,13 @@ from unitrain.checkpoint._format import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     TRAINER_FILE,
+    FileDigest,
     check_json_value,
-    check_tensor_name,
     check_trainer_state,
     decode_json,
     parse_manifest,
-    sha256_hex,
 )
+from unitrain.checkpoint._safetensors import read_tensor_file
 
 __all__ = ["Checkpoint", "load_checkpoint", "read_file", "verify_checkpoint"]
 
@@ -70,7 +75,8 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
     Args:
         path: the checkpoint directory (it may itself be a symlink; the files in it may not).
         verify: check that the directory holds exactly the checkpoint files and that each
-            file's size and SHA-256 match ``manifest.json``. Turn off only to salvage a
+            file's size and digest (CRC32, or SHA-256 in checkpoints of format version 1)
+            match ``manifest.json``. Turn off only to salvage a
             checkpoint whose manifest is lost; the files must still parse and the trainer state
             must still be valid.
 
@@ -100,30 +106,37 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
         raise CheckpointError(
             f"{root}: no checkpoint directory here; check the path, or resume from 'latest'"
         )
-    manifest: dict[str, tuple[str, int]] = {}
+    manifest: dict[str, FileDigest] = {}
     if verify:
         _check_file_set(root)
         manifest = parse_manifest(
             read_file(root / MANIFEST_FILE, MAX_JSON_BYTES), root / MANIFEST_FILE
         )
-    contents: dict[str, bytes] = {}
+    # Damage (a size or digest mismatch) in any file is reported before a parse error in any
+    # file, since a damaged file is the likelier cause of what its parser found.
+    tensors: dict[str, dict[str, np.ndarray]] = {}
+    unreadable: list[CheckpointError] = []
+    trainer_data = b""
     for name in DATA_FILES:
         file = root / name
-        limit = MAX_JSON_BYTES if name == TRAINER_FILE else None
-        data = read_file(file, limit)
-        if verify:
-            _check_integrity(file, data, *manifest[name])
-        contents[name] = data
+        if name == TRAINER_FILE:
+            trainer_data = read_file(file, MAX_JSON_BYTES)
+            if verify:
+                _check_integrity(file, trainer_data, manifest[name])
+        else:
+            tensors[name], problem = _read_tensors(file, manifest.get(name))
+            unreadable += [problem] if problem is not None else []
     trainer_file = root / TRAINER_FILE
-    trainer = check_trainer_state(
-        decode_json(contents.pop(TRAINER_FILE), trainer_file), trainer_file
-    )
+    trainer = check_trainer_state(decode_json(trainer_data, trainer_file), trainer_file)
     check_json_value(trainer, str(trainer_file))
-    model = _decode_tensors(contents.pop(MODEL_FILE), root / MODEL_FILE)
-    optimizer = _decode_tensors(contents.pop(OPTIMIZER_FILE), root / OPTIMIZER_FILE)
-    callbacks = _decode_tensors(contents.pop(CALLBACKS_FILE), root / CALLBACKS_FILE)
+    if unreadable:
+        raise unreadable[0]
     return Checkpoint(
-        path=root, model=model, optimizer=optimizer, trainer=trainer, callbacks=callbacks
+        path=root,
+        model=tensors[MODEL_FILE],
+        optimizer=tensors[OPTIMIZER_FILE],
+        trainer=trainer,
+        callbacks=tensors[CALLBACKS_FILE],
     )
 
 
@@ -152,6 +165,23 @@ def read_file(file: Path, limit: int | None) -> bytes:
     Returns:
         The file's bytes.
     """
+    handle, size = _open_regular(file)
+    with handle:
+        if limit is not None and size > limit:
+            raise CheckpointError(
+                f"{file}: is {size} bytes, over the {limit} byte limit for this file; "
+                "it is damaged or not a unitrain checkpoint — use another one"
+            )
+        try:
+            # Reading at most one byte past the size stat reported bounds memory even if the
+            # file grows while being read; a changed size then fails the manifest check.
+            return _read_up_to(handle, size + 1)
+        except OSError as exc:
+            raise CheckpointError(f"{file}: could not be read ({exc})") from exc
+
+
+def _open_regular(file: Path) -> tuple[io.FileIO, int]:
+    """Opens ``file`` unbuffered for reading if it is a regular file; returns it and its size."""
     if file.is_symlink():
         raise CheckpointError(
             f"{file}: is a symlink; a checkpoint must hold its own regular files — copy the "
@@ -165,25 +195,26 @@ def read_file(file: Path, limit: int | None) -> bytes:
         ) from None
     except OSError as exc:
         raise CheckpointError(f"{file}: cannot be opened ({exc}); check permissions") from exc
-    # fstat before fdopen: fdopen itself raises IsADirectoryError for a directory.
+    # fstat before wrapping: FileIO itself raises IsADirectoryError for a directory.
     info = os.fstat(descriptor)
     if not stat.S_ISREG(info.st_mode):
         os.close(descriptor)
         raise CheckpointError(
             f"{file}: is not a regular file; the checkpoint is damaged — use another one"
         )
-    with os.fdopen(descriptor, "rb") as handle:
-        if limit is not None and info.st_size > limit:
-            raise CheckpointError(
-                f"{file}: is {info.st_size} bytes, over the {limit} byte limit for this file; "
-                "it is damaged or not a unitrain checkpoint — use another one"
-            )
-        try:
-            # Reading at most one byte past the size stat reported bounds memory even if the
-            # file grows while being read; a changed size then fails the manifest check.
-            return handle.read(info.st_size + 1)
-        except OSError as exc:
-            raise CheckpointError(f"{file}: could not be read ({exc})") from exc
+    return io.FileIO(descriptor, "rb"), info.st_size
+
+
+def _read_up_to(handle: io.FileIO, count: int) -> bytes:
+    """Reads until ``count`` bytes or the end of the file (one unbuffered read may return less)."""
+    parts = []
+    while count > 0:
+        part = handle.read(min(count, CHUNK_BYTES))
+        if not part:
+            break
+        parts.append(part)
+        count -= len(part)
+    return b"".join(parts)
 
 
 def _check_file_set(root: Path) -> None:
@@ -205,33 +236,141 @@ def _check_file_set(root: Path) -> None:
         )
 
 
-def _check_integrity(file: Path, data: bytes, digest: str, size: int) -> None:
-    if len(data) != size:
+def _check_integrity(file: Path, data: bytes, expected: FileDigest) -> None:
+    _check_size(file, len(data), expected.size)
+    _check_digest(file, digest_hex(expected.algorithm, data), expected)
+
+
+def _check_size(file: Path, found: int, expected: int) -> None:
+    if found != expected:
         raise CheckpointError(
-            f"{file}: size mismatch (expected {size} bytes, found {len(data)}); the file was "
+            f"{file}: size mismatch (expected {expected} bytes, found {found}); the file was "
             "truncated or modified after saving — use an earlier checkpoint"
         )
-    actual = sha256_hex(data)
-    if actual != digest:
+
+
+def _check_digest(file: Path, found: str, expected: FileDigest) -> None:
+    if found != expected.digest:
         raise CheckpointError(
-            f"{file}: sha256 mismatch (expected {digest}, found {actual}); the file or the "
-            "manifest was modified or damaged after saving — use an earlier checkpoint"
+            f"{file}: {expected.algorithm} mismatch (expected {expected.digest}, found {found}); "
+            "the file or the manifest was modified or damaged after saving — use an earlier "
+            "checkpoint"
         )
 
 
-def _decode_tensors(data: bytes, file: Path) -> dict[str, np.ndarray]:
+def _read_tensors(
+    file: Path, expected: FileDigest | None
+) -> tuple[dict[str, np.ndarray], CheckpointError | None]:
+    """Reads a safetensors checkpoint file, checking it against ``expected`` (if given).
+
+    Returns:
+        The tensors and ``None``, or no tensors and the reason the file does not parse (for
+        the caller to raise once every file's size and digest are checked).
+
+    Raises:
+        CheckpointError: the file cannot be opened or read to its end, or its size or digest
+            does not match ``expected``.
+    """
+    handle, size = _open_regular(file)
+    with handle:
+        if expected is not None:
+            _check_size(file, size, expected.size)
+        algorithm = expected.algorithm if expected is not None else None
+        with _StreamReader(handle, file, size, algorithm) as reader:
+            try:
+                tensors, problem = read_tensor_file(reader, size, file), None
+            except _ReadError:
+                raise
+            except CheckpointError as error:  # the file does not parse
+                if expected is None:
+                    return {}, error
+                tensors, problem = {}, error
+                reader.skip_rest()  # its digest tells whether the file was damaged
+            reader.check_end()
+            if expected is not None:
+                _check_digest(file, reader.hexdigest(), expected)
+            return tensors, problem
+
+
+class _ReadError(CheckpointError):
+    """A file could not be read to its end: an OS error, or it changed size while read."""
+
+
+@contextlib.contextmanager
+def _reading(file: Path) -> Iterator[None]:
     try:
-        views = safetensors.numpy.load(data)
-    except Exception as exc:  # the library's own error types are not a stable API
-        raise CheckpointError(
-            f"{file}: not a readable safetensors file ({type(exc).__name__}: {exc}); it is "
-            "damaged or was not written by unitrain — use an earlier checkpoint"
-        ) from exc
-    del data
-    tensors: dict[str, np.ndarray] = {}
-    for name in list(views):
-        check_tensor_name(name, str(file))
-        # The views are read-only windows on bytes; copying one at a time and dropping the view
-        # keeps the peak memory near one extra tensor instead of a second full state.
-        tensors[name] = np.array(views.pop(name))
-    return tensors
+        yield
+    except OSError as exc:
+        raise _ReadError(f"{file}: could not be read ({exc})") from exc
+
+
+class _StreamReader:
+    """Reads one file front to back in chunks, passing each chunk to a digest.
+
+    Args:
+        handle: the open file, at its start.
+        file: its path, for messages.
+        size: its size when opened; it is read up to there.
+        algorithm: the digest to compute (``"crc32"`` or ``"sha256"``), or ``None``.
+    """
+
+    def __init__(self, handle: io.FileIO, file: Path, size: int, algorithm: str | None) -> None:
+        self.handle, self.file, self.size = handle, file, size
+        self.position = 0
+        self.digest = Digest(algorithm, size) if algorithm is not None else None
+
+    def read_exact(self, count: int) -> bytes:
+        """Returns the next ``count`` bytes (a header, bounded by its parser)."""
+        with _reading(self.file):
+            data = _read_up_to(self.handle, count)
+        self._advance(data, count)
+        return data
+
+    def read_into(self, view: memoryview) -> None:
+        """Fills ``view`` (the memory of a new array) with the next bytes."""
+        for start in range(0, view.nbytes, CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            filled = 0
+            with _reading(self.file):
+                while filled < chunk.nbytes and (got := self.handle.readinto(chunk[filled:])):
+                    filled += got
+            self._advance(chunk[:filled], chunk.nbytes)
+
+    def skip_rest(self) -> None:
+        """Reads (and digests) the bytes up to the file's size that the parser did not read."""
+        while self.position < self.size:
+            self.read_exact(min(CHUNK_BYTES, self.size - self.position))
+
+    def check_end(self) -> None:
+        """Refuses the file if it goes on past its size: it grew while being read."""
+        with _reading(self.file):
+            more = self.handle.read(1)
+        if more:
+            raise _ReadError(
+                f"{self.file}: grew while being read; another process is writing it — use "
+                "an earlier checkpoint"
+            )
+
+    def hexdigest(self) -> str:
+        """The digest of every byte read, once the worker has caught up."""
+        assert self.digest is not None, "no digest was asked for"
+        return self.digest.hexdigest()
+
+    def _advance(self, chunk: bytes | memoryview, wanted: int) -> None:
+        got = len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+        if got < wanted:  # the file ended early: it shrank after its size was checked
+            raise _ReadError(
+                f"{self.file}: size mismatch (expected {self.size} bytes, found "
+                f"{self.position + got}); the file was truncated or modified after saving — "
+                "use an earlier checkpoint"
+            )
+        if self.digest is not None:
+            self.digest.update(chunk)
+        self.position += got
+
+    def __enter__(self) -> _StreamReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.digest is not None:
+            self.digest.close()

@@ -12,10 +12,11 @@ authenticated by other means. SHA-256 runs at about 1.8 GB/s on a typical CPU co
 every burst error of up to 32 bits, and misses random damage with probability ``2**-32``.
 
 Both ``zlib.crc32`` and ``hashlib`` release the GIL on large buffers, so worker threads digest
-the chunks already written or read while the caller moves on to the next. The CRC32s of
-separate chunks are computed in parallel and joined with :func:`crc32_combine` (on two cores,
-CRC32 is the slowest part of a load even at 6 GB/s: reading 403 MB takes 0.03 s, its CRC32 on
-one core 0.06 s, and on two 0.045 s); SHA-256 is a chain, so one worker computes it in order.
+the chunks already read while the caller reads the next (and, on save, while ``fsync`` waits
+on the disk). The CRC32s of separate chunks are computed in parallel and joined with
+:func:`crc32_combine`: even at 6 GB/s, CRC32 is the slowest part of a load from the page cache
+(for 403 MB: reading 0.03 s, CRC32 on one core 0.06 s). SHA-256 is a chain, so one worker
+computes it, in order.
 """
 
 from __future__ import annotations

@@ -189,6 +189,17 @@ def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.sqrt(tf.add_n(squares))
 
 
+def all_finite(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Whether every gradient element is finite, as a boolean scalar.
+
+    A NaN or an infinity anywhere makes its tensor's sum NaN or infinite, so one reduction
+    per tensor answers it, where the norm squares each tensor into a temporary first: an
+    extra write and read of all the gradients (~5 % of a W1 step when clipping is off).
+    """
+    sums = [tf.cast(tf.reduce_sum(g), tf.float64) for g in grads]
+    return tf.math.is_finite(tf.add_n(sums))
+
+
 def clip_coefficient(norm: tf.Tensor, max_norm: float, dtype: tf.DType) -> tf.Tensor:
     """``min(max_norm / (norm + 1e-6), 1)`` in float64, cast to ``dtype`` (torch's formula)."""
     coefficient = tf.constant(max_norm, tf.float64) / (norm + optim.CLIP_EPSILON)
@@ -237,7 +248,7 @@ def _sgd(
             buffer = mu * slots["momentum"][index] + g
             slots["momentum"][index].assign(buffer)
             direction = g + mu * buffer if spec.nesterov else buffer
-        p.assign(p - lr * direction)
+        p.assign_sub(lr * direction)  # in place: no p - lr * d temporary to copy back
 
 
 def _adam(
@@ -271,4 +282,4 @@ def _adam(
         direction = (m / tf.cast(bias_correction1, dtype)) / denominator
         if decoupled and spec.weight_decay:
             direction = direction + tf.constant(spec.weight_decay, dtype) * p
-        p.assign(p - lr * direction)
+        p.assign_sub(lr * direction)

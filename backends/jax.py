@@ -25,8 +25,8 @@ bit for bit on CPU (tested).
 JAX runs in float32 here: this module never enables x64, which is process-wide and would
 change other code's arrays. Deterministic mode traces every jitted function under
 ``jax.default_matmul_precision("highest")`` (no TF32 on GPU; baked into the compiled code,
-not a global switch) and, if JAX has not started its backends yet, adds ``--xla_gpu_deterministic_ops=true``
-to ``XLA_FLAGS``.
+not a global switch) and, if JAX has not started its backends yet, adds
+``--xla_gpu_deterministic_ops=true`` to ``XLA_FLAGS``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ import optax
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.backends._jax_compiled import DeviceState, functions, settings
+from unitrain.backends import _jax_losslog as losslog
+from unitrain.backends._jax_compiled import (
+    APPLIED,
+    SKIPPED,
+    DeviceState,
+    functions,
+    initial_counters,
+    settings,
+)
 from unitrain.backends._jax_model import (
     JaxModel,
     as_apply_and_params,
@@ -97,7 +105,6 @@ class JaxBackend:
             branch=self.jax_device.platform == "cpu",
         )
         self._settings = self._put(settings(options.seed, options.grad_clip_norm))
-        self.optimizer = self._fn.optimizer
         self.trace_counts = self._fn.trace_counts
         # The state dict lists parameters in the model's own order (layer by layer for MLP),
         # not in the sorted order of a JAX dict pytree.
@@ -106,10 +113,11 @@ class JaxBackend:
         self._template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
         self._state = DeviceState(
             params,
-            self._put(self.optimizer.init(params)),
-            self._put(np.zeros((), np.int32)),
-            self._put(np.zeros((), np.int32)),
+            self._put(self._fn.init_opt_state(params)),
+            self._put(initial_counters()),
+            self._fresh_losses(),
         )
+        self._losses = losslog.LossLog(lambda: self._state.losses, self._fresh_losses)
         self._grads: Any = None  # None means zero: the fused path never allocates buffers
         self._vjp: Any = None
         self._micro_batch = 0
@@ -125,10 +133,13 @@ class JaxBackend:
     @property
     def skipped_steps(self) -> int:
         """Updates skipped because a gradient was not finite (reads a device counter)."""
-        return int(self._state.skipped)
+        return int(np.asarray(self._state.counters)[SKIPPED])
 
     def _put(self, value: Any) -> Any:
         return jax.device_put(value, self.jax_device)
+
+    def _fresh_losses(self) -> Any:
+        return self._put(np.zeros(losslog.SIZE, np.float32))
 
     def _arrays(self, batch: Batch) -> tuple[Any, Any]:
         """The batch as float32 inputs and int32 class labels (x64 is off).
@@ -138,9 +149,13 @@ class JaxBackend:
         turns int64 labels into int32 there too (x64 is off), cheaper than ``astype``.
         """
         x, y = batch
-        if type(x) is np.ndarray and type(y) is np.ndarray and x.dtype == np.float32:
-            if y.dtype == self._label_dtype or (self.classification and y.dtype.kind == "i"):
-                return x, y
+        if (
+            type(x) is np.ndarray
+            and type(y) is np.ndarray
+            and x.dtype == np.float32
+            and (y.dtype == self._label_dtype or (self.classification and y.dtype.kind == "i"))
+        ):
+            return x, y
         if not isinstance(x, jax.Array):
             x = np.asarray(x, np.float32)
         if not isinstance(y, jax.Array):
@@ -174,7 +189,7 @@ class JaxBackend:
         x, y = self._arrays(batch)
         micro = np.int32(self._micro_batch)
         loss, self._vjp = self._fn.forward(
-            self._state.params, x, y, self._settings, self._state.step, micro
+            self._state.params, x, y, self._settings, self._state.counters, micro
         )
         self._micro_batch += 1
         return loss
@@ -202,25 +217,42 @@ class JaxBackend:
         self._micro_batch = 0
 
     def train_step(self, batch: Batch, lr: float) -> Any:
-        """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call."""
+        """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call.
+
+        Returns:
+            The loss as a :class:`~._jax_losslog.LossRef` (the update wrote it into a device
+            buffer; ``float()`` or ``numpy.asarray()`` reads it, :meth:`to_host` reads many).
+        """
         if self._grads is not None or self._vjp is not None:
             loss = self.forward(batch)  # gradients are pending: keep the three-call semantics
             self.backward()
             self.step(lr)
             return loss
         x, y = self._arrays(batch)
-        self._state, loss = self._fn.train_step(self._state, x, y, self._lr(lr), self._settings)
-        return loss
+        fresh = self._losses.turn_page()
+        if fresh is not None:
+            self._state = self._state._replace(losses=fresh)
+        self._state = self._fn.train_step(self._state, x, y, self._lr(lr), self._settings)
+        return self._losses.next_ref()
 
     def to_host(self, values: list[Any]) -> list[np.ndarray]:
-        """Many device values (the losses of the updates since the last read) on the host.
+        """Many losses (those of the updates since the last read) on the host, in order.
 
-        On the CPU each converts in ~0.5 µs, where ``jax.device_get``'s batched path costs
-        ~4 µs per value; on an accelerator ``device_get`` starts all copies before waiting.
+        Losses of :meth:`train_step` come from its device log, one transfer per page; other
+        device values convert one by one on the CPU (~0.5 µs each, where
+        ``jax.device_get``'s batched path costs ~4 µs), and with one batched ``device_get``
+        on an accelerator.
         """
+        refs = [v for v in values if type(v) is losslog.LossRef]
+        if len(refs) == len(values):
+            return self._losses.read(refs)
+        read = iter(self._losses.read(refs))
+        others = [v for v in values if type(v) is not losslog.LossRef]
         if self.jax_device.platform == "cpu":
-            return [np.asarray(value) for value in values]
-        return list(jax.device_get(values))
+            converted = iter([np.asarray(value) for value in others])
+        else:
+            converted = iter(jax.device_get(others))
+        return [next(read if type(v) is losslog.LossRef else converted) for v in values]
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode batch means (``loss``, ``accuracy`` for classification): no dropout."""
@@ -241,9 +273,7 @@ class JaxBackend:
         """
         self._check_no_pending("train_steps")
         xs, ys = self._arrays(batches)
-        self._state, losses = self._fn.train_steps(
-            self._state, xs, ys, _lrs(lrs), self._settings
-        )
+        self._state, losses = self._fn.train_steps(self._state, xs, ys, _lrs(lrs), self._settings)
         return losses
 
     def set_device_data(self, x: Any, y: Any) -> None:
@@ -284,7 +314,7 @@ class JaxBackend:
             for k, v in export_slots(self.options.optimizer, host.opt_state).items()
         }
         state = {f"model.{k}": np.array(params[k], np.float32) for k in self._names}
-        state["optimizer.step"] = np.asarray(int(host.step), np.int64)
+        state["optimizer.step"] = np.asarray(int(host.counters[APPLIED]), np.int64)
         for name in self._names:
             for suffix, values in slots.items():
                 state[f"optimizer.{name}.{suffix}"] = np.array(values[name], np.float32)
@@ -305,9 +335,10 @@ class JaxBackend:
             )
             for suffix in self.options.optimizer.state_suffixes
         }
-        opt_state = self._put(import_slots(self.optimizer.init(params), slots, step))
-        step_array = self._put(np.asarray(step, np.int32))
-        self._state = DeviceState(params, opt_state, step_array, self._state.skipped)
+        opt_state = self._put(import_slots(self._fn.init_opt_state(params), slots, step))
+        counters = np.asarray(self._state.counters).copy()  # the skips and the log go on
+        counters[APPLIED] = step
+        self._state = DeviceState(params, opt_state, self._put(counters), self._state.losses)
         self._micro_batch = 0
 
     def rng_state(self) -> dict[str, Any]:

@@ -9,9 +9,10 @@ hand in :mod:`unitrain.backends._tensorflow_ops`, because Keras' optimizers diff
 
 Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
 returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
-``scale`` times them into gradient-buffer variables; ``step(lr)`` clips, checks the global
-norm for NaN/inf in-graph (a non-finite norm leaves parameters and optimizer state untouched
-and adds one to a device-side skip counter), updates, and zeros the buffers. ``train_step``
+``scale`` times them into gradient-buffer variables; ``step(lr)`` clips, checks the gradients
+for NaN/inf in-graph (the global norm when clipping, else one sum per tensor; a non-finite
+value leaves parameters and optimizer state untouched and adds one to a device-side skip
+counter), updates, and zeros the buffers. ``train_step``
 fuses the three into one function without the buffers.
 
 Backend-specific fast paths, not used by the Trainer yet: :meth:`TensorFlowBackend.train_steps`
@@ -269,12 +270,17 @@ class TensorFlowBackend:
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
-        norm = ops.global_norm(grads)
+        clip = self.options.grad_clip_norm
+        if clip is None:
+            finite = ops.all_finite(grads)
+        else:
+            norm = ops.global_norm(grads)
+            finite = tf.math.is_finite(norm)
 
         def apply() -> None:
             clipped = grads
-            if self.options.grad_clip_norm is not None:
-                coefficient = ops.clip_coefficient(norm, self.options.grad_clip_norm, self.dtype)
+            if clip is not None:
+                coefficient = ops.clip_coefficient(norm, clip, self.dtype)
                 clipped = [g * coefficient for g in grads]
             step = self.step_count.read_value()
             ops.update_parameters(
@@ -285,7 +291,7 @@ class TensorFlowBackend:
         def skip() -> None:
             self.skipped_count.assign_add(1)
 
-        tf.cond(tf.math.is_finite(norm), apply, skip)
+        tf.cond(finite, apply, skip)
 
     def _forward_graph(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
         return self._loss_and_grads(x, y, micro_batch)

@@ -389,7 +389,7 @@ def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch
         # still serves zero_grad.
         return torch.optim.SGD(params, lr=0.0)
     if isinstance(spec, optim.Adam):
-        kind: type[torch.optim.Optimizer] = torch.optim.Adam
+        kind: Any = torch.optim.Adam
         settings: dict[str, Any] = {"betas": (spec.beta1, spec.beta2), "eps": spec.eps}
     else:
         kind = torch.optim.SGD

@@ -140,6 +140,43 @@ def test_nonfinite_gradient_leaves_state_untouched(bad):
     assert int(backend.state_dict()["optimizer.step"]) == 2
 
 
+@pytest.mark.parametrize("sizes", [(8, 16, 4), (300, 256, 4)], ids=["one-reduction", "per-tensor"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_finite_check_catches_one_bad_element_at_any_model_size(sizes, bad):
+    # The two forms of the check (see _jax_optim._all_finite): 196 and 78,084 elements.
+    model = MLP(sizes)
+    backend = JaxBackend(model, options(optimizer=optim.SGD(momentum=0.9)))
+    backend.train_step(batch(model=model), 0.01)
+    before = backend.state_dict()
+    backend.forward(batch(1, model=model))
+    backend.backward()
+    grads = backend._grads["layers.0.weight"]
+    backend._grads["layers.0.weight"] = grads.at[grads.shape[0] - 1, 3].set(bad)
+    backend.step(0.01)
+    assert same(backend.state_dict(), before) and backend.skipped_steps == 1
+    backend.forward(batch(2, model=model))
+    backend.backward()
+    backend.step(0.01)  # finite again: applied
+    assert int(backend.state_dict()["optimizer.step"]) == 2
+
+
+def test_losses_stay_readable_across_log_pages():
+    # Each train_step loss is a slot of a device page; a full page is sealed and replaced.
+    backend = JaxBackend(SMALL, options())
+    reference = JaxBackend(SMALL, options())
+    refs, expected = [], []
+    for t in range(600):  # more than two pages of 256
+        refs.append(backend.train_step(batch(t % 7), 0.01))
+        expected.append(np.float32(reference.forward(batch(t % 7))))
+        reference.backward()
+        reference.step(0.01)
+    values = backend.to_host(refs)
+    assert np.array_equal(np.asarray(values, np.float32), np.asarray(expected))
+    assert float(refs[3]) == expected[3] and np.asarray(refs[-1]) == expected[-1]
+    mixed = backend.to_host([refs[0], backend.forward(batch()), refs[-1]])
+    assert mixed[0] == expected[0] and mixed[2] == expected[-1]
+
+
 def test_fused_step_skips_a_nonfinite_batch():
     backend = JaxBackend(SMALL, options(optimizer=optim.Adam()))
     before = backend.state_dict()

@@ -76,9 +76,8 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
         path: the checkpoint directory (it may itself be a symlink; the files in it may not).
         verify: check that the directory holds exactly the checkpoint files and that each
             file's size and digest (CRC32, or SHA-256 in checkpoints of format version 1)
-            match ``manifest.json``. Turn off only to salvage a
-            checkpoint whose manifest is lost; the files must still parse and the trainer state
-            must still be valid.
+            match ``manifest.json``. Turn off only to salvage a checkpoint whose manifest is
+            lost; the files must still parse and the trainer state must still be valid.
 
     Returns:
         The loaded :class:`Checkpoint`; arrays are bit-exact copies of those saved.
@@ -352,7 +351,7 @@ class _StreamReader:
             )
 
     def hexdigest(self) -> str:
-        """The digest of every byte read, once the worker has caught up."""
+        """The digest of every byte read, once the workers have caught up."""
         assert self.digest is not None, "no digest was asked for"
         return self.digest.hexdigest()
 

@@ -107,17 +107,19 @@ def encode_tensor_file(state: Mapping[str, Any], where: str) -> list[memoryview]
     for name, value in state.items():
         array = to_storable_array(check_tensor_name(name, where), value, where)
         arrays[name] = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    # Widest items first, as safetensors orders them: with the data 8-byte aligned, every
-    # tensor then starts at a multiple of its item size, so readers can map it in place.
+    # Widest items first, as safetensors does: with the data 8-byte aligned, every tensor then
+    # starts at a multiple of its item size, so readers can map it in place.
     order = sorted(arrays, key=lambda name: (-arrays[name].dtype.itemsize, name))
     header: dict[str, Any] = {}
     offset = 0
     for name in order:
         array = arrays[name]
-        code = _CODES[array.dtype.name]
-        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset]}
-        offset += array.nbytes
-        header[name]["data_offsets"].append(offset)
+        begin, offset = offset, offset + array.nbytes
+        header[name] = {
+            "dtype": _CODES[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [begin, offset],
+        }
     try:
         encoded = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError as exc:

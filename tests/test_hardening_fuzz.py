@@ -130,9 +130,9 @@ def resign(checkpoint: Path) -> None:
     for name in DATA_FILES:
         if (checkpoint / name).is_file() and not (checkpoint / name).is_symlink():
             data = (checkpoint / name).read_bytes()
-            files[name] = FileDigest("crc32", digest_hex("crc32", data), len(data))
+            files[name] = FileDigest("xxh3_64", digest_hex("xxh3_64", data), len(data))
         else:
-            files[name] = FileDigest("crc32", "0" * 8, 0)
+            files[name] = FileDigest("xxh3_64", "0" * 16, 0)
     (checkpoint / "manifest.json").write_bytes(encode_manifest(files))
 
 

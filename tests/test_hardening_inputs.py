@@ -604,8 +604,8 @@ def normalise(message: str, tmp: Path) -> str:
     """The message with what changes from run to run replaced by placeholders."""
     message = message.replace(str(tmp), "<dir>").replace(socket.gethostname(), "<host>")
     message = re.sub(
-        r"(crc32 mismatch \(expected) [0-9a-f]{8}, found [0-9a-f]{8}",
-        r"\1 <crc32>, found <crc32>",
+        r"(xxh3_64 mismatch \(expected) [0-9a-f]{16}, found [0-9a-f]{16}",
+        r"\1 <xxh3_64>, found <xxh3_64>",
         message,
     )
     message = re.sub(r"pid \d+", "pid <pid>", message)

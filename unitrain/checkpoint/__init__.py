@@ -7,11 +7,11 @@ A checkpoint directory holds exactly five files:
   holds arrays from callback states, such as early stopping's best weights);
 - ``trainer.json``: the trainer's own state (int ``step`` and ``epoch`` plus whatever else the
   caller stores) with ``"format_version"`` added;
-- ``manifest.json``: the CRC32 and size of the other four files (SHA-256 in checkpoints of
-  format version 1, which still load); it detects damage, it is not a signature (see
-  ``unitrain/checkpoint/_digest.py`` for why CRC32).
+- ``manifest.json``: the XXH3-64 digest and size of the other four files (SHA-256 in
+  checkpoints of format version 1, which still load); it detects damage, it is not a
+  signature (see ``unitrain/checkpoint/_digest.py`` for why XXH3-64).
 
-Tensors stream between the arrays' memory and the files, digested on worker threads as they
+Tensors stream between the arrays' memory and the files, digested chunk by chunk as they
 pass, so saving and loading copy each byte once. This layer is pure storage and knows nothing
 of the Trainer. Nothing here uses pickle, and every problem raises
 :class:`~unitrain.CheckpointError` with a message naming the file.

@@ -14,14 +14,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from unitrain._errors import CheckpointError
-from unitrain.checkpoint._digest import CRC32, DIGEST_PATTERNS, SHA256
+from unitrain.checkpoint._digest import DIGEST_HEX_DIGITS, DIGEST_PATTERNS, SHA256, XXH3_64
 
 #: Version of the layout described in this module; bumped on any incompatible change.
-#: Version 2 records CRC32 digests in the manifest where version 1 recorded SHA-256; both are
-#: read (see :mod:`unitrain.checkpoint._digest` for why).
+#: Version 2 records XXH3-64 digests in the manifest where version 1 recorded SHA-256; both
+#: are read (see :mod:`unitrain.checkpoint._digest` for why).
 FORMAT_VERSION = 2
 #: The digest a manifest of each format version records.
-MANIFEST_DIGESTS = {1: SHA256, 2: CRC32}
+MANIFEST_DIGESTS = {1: SHA256, 2: XXH3_64}
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -57,7 +57,7 @@ class FileDigest(NamedTuple):
     """What a manifest records of one file: its digest and size.
 
     Attributes:
-        algorithm: ``"crc32"`` (format version 2) or ``"sha256"`` (version 1).
+        algorithm: ``"xxh3_64"`` (format version 2) or ``"sha256"`` (version 1).
         digest: the lowercase hex digest of the file's bytes.
         size: the file's size in bytes.
     """
@@ -232,14 +232,14 @@ def encode_trainer_state(trainer: Mapping[str, Any], where: str) -> bytes:
 def encode_manifest(files: Mapping[str, FileDigest]) -> bytes:
     """Serialises a manifest in its one canonical form (sorted keys, 2-space indent).
 
-    The format version written is the one whose digest the entries hold: 2 for CRC32, which
+    The format version written is the one whose digest the entries hold: 2 for XXH3-64, which
     every new checkpoint uses, and 1 for SHA-256, so that old manifests re-encode to their own
     bytes when :func:`parse_manifest` checks their form.
 
     Args:
         files: maps each data file name to its :class:`FileDigest`; all of one algorithm.
     """
-    algorithms = {entry.algorithm for entry in files.values()} or {CRC32}
+    algorithms = {entry.algorithm for entry in files.values()} or {XXH3_64}
     versions = [v for v, algorithm in MANIFEST_DIGESTS.items() if {algorithm} == algorithms]
     if not versions:
         raise ValueError(f"a manifest holds digests of one algorithm, got {sorted(algorithms)}")
@@ -268,7 +268,7 @@ def parse_manifest(data: bytes, file: Path) -> dict[str, FileDigest]:
         )
     check_format_version(manifest["format_version"], file)
     algorithm = MANIFEST_DIGESTS[manifest["format_version"]]
-    width = {CRC32: 8, SHA256: 64}[algorithm]
+    width = DIGEST_HEX_DIGITS[algorithm]
     entries = manifest["files"]
     if not isinstance(entries, dict) or set(entries) != set(DATA_FILES):
         listed = sorted(entries) if isinstance(entries, dict) else entries

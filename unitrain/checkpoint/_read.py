@@ -2,7 +2,7 @@
 
 Tensors are parsed by :mod:`unitrain.checkpoint._safetensors` and read straight into their
 arrays, JSON by the standard library; nothing on this path can execute code from the
-checkpoint. Each file's digest is computed from the chunks as they arrive, on a worker thread.
+checkpoint. Each file's digest is computed as it is read, each chunk right after it arrives.
 Every refusal raises :class:`~unitrain.CheckpointError` naming the file, what is wrong and
 what to do.
 """
@@ -48,6 +48,12 @@ _OPEN_FLAGS = (
     | getattr(os, "O_NONBLOCK", 0)
     | getattr(os, "O_BINARY", 0)
 )
+#: Bytes read into an array per call, each hashed right away while it is still in this core's
+#: cache (1 MiB of L2 per core here). Reading 403 MB from the page cache into arrays (2 cores,
+#: the other one busy; medians of 21, one run): 0.0315 s hashing 1 MiB chunks so, 0.033 s with
+#: 256 KiB, 0.034 s with 4 MiB, 0.040 s handing 4 MiB chunks to a worker thread, which finds
+#: them out of its cache and has no core to itself; 0.026 s without a digest.
+_READ_CHUNK_BYTES = 1024 * 1024
 
 
 class Checkpoint(NamedTuple):
@@ -75,7 +81,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
     Args:
         path: the checkpoint directory (it may itself be a symlink; the files in it may not).
         verify: check that the directory holds exactly the checkpoint files and that each
-            file's size and digest (CRC32, or SHA-256 in checkpoints of format version 1)
+            file's size and digest (XXH3-64, or SHA-256 in checkpoints of format version 1)
             match ``manifest.json``. Turn off only to salvage a checkpoint whose manifest is
             lost; the files must still parse and the trainer state must still be valid.
 
@@ -310,13 +316,14 @@ class _StreamReader:
         handle: the open file, at its start.
         file: its path, for messages.
         size: its size when opened; it is read up to there.
-        algorithm: the digest to compute (``"crc32"`` or ``"sha256"``), or ``None``.
+        algorithm: the digest to compute (``"xxh3_64"`` or ``"sha256"``), or ``None``.
     """
 
     def __init__(self, handle: io.FileIO, file: Path, size: int, algorithm: str | None) -> None:
         self.handle, self.file, self.size = handle, file, size
         self.position = 0
-        self.digest = Digest(algorithm, size) if algorithm is not None else None
+        # On this thread: a worker would find the chunk out of this core's cache.
+        self.digest = Digest(algorithm, size, background=False) if algorithm is not None else None
 
     def read_exact(self, count: int) -> bytes:
         """Returns the next ``count`` bytes (a header, bounded by its parser)."""
@@ -327,8 +334,8 @@ class _StreamReader:
 
     def read_into(self, view: memoryview) -> None:
         """Fills ``view`` (the memory of a new array) with the next bytes."""
-        for start in range(0, view.nbytes, CHUNK_BYTES):
-            chunk = view[start : start + CHUNK_BYTES]
+        for start in range(0, view.nbytes, _READ_CHUNK_BYTES):
+            chunk = view[start : start + _READ_CHUNK_BYTES]
             filled = 0
             with _reading(self.file):
                 while filled < chunk.nbytes and (got := self.handle.readinto(chunk[filled:])):
@@ -351,7 +358,7 @@ class _StreamReader:
             )
 
     def hexdigest(self) -> str:
-        """The digest of every byte read, once the workers have caught up."""
+        """The digest of every byte read."""
         assert self.digest is not None, "no digest was asked for"
         return self.digest.hexdigest()
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from unitrain._errors import CheckpointError
 from unitrain._lock import pid_running
-from unitrain.checkpoint._digest import CHUNK_BYTES, CRC32, Digest
+from unitrain.checkpoint._digest import CHUNK_BYTES, Digest
+from unitrain.checkpoint._digest import XXH3_64 as CRC32  # TODO: rename CRC32 below
 from unitrain.checkpoint._format import (
     ALL_FILES,
     CALLBACKS_FILE,

@@ -669,8 +669,10 @@ def test_model_checkpoint_best_follows_the_monitor(tmp_path):
             if epoch > 0:
                 seen.append(load_checkpoint(tmp_path / "best").trainer["epoch"])
 
+    # background=False: each checkpoint is in place when the hook returns, so the next
+    # epoch's callback can read it (with the default, only once fit returns).
     checkpoint = ModelCheckpoint(
-        tmp_path, every_n_epochs=None, monitor="score", mode="max", keep_last=1
+        tmp_path, every_n_epochs=None, monitor="score", mode="max", keep_last=1, background=False
     )
     trainer = make_trainer([Scripted("score", scores), ReadBest(), checkpoint], epochs=5)
     trainer.fit(tiny_data())

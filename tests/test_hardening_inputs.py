@@ -561,7 +561,7 @@ def directory_in_use(tmp: Path) -> None:
     fails_fast=False,
 )
 def disk_full(tmp: Path) -> None:
-    def full(file: Path, data: bytes) -> None:
+    def full(file: Path, data: bytes, **options: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     original, _write._write_file = _write._write_file, full

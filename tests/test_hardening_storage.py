@@ -68,12 +68,13 @@ def test_full_disk_in_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     real_write = _write._write_file
     calls = []
 
-    def write_until_the_disk_is_full(file: Path, payload: Any) -> Any:
+    def write_until_the_disk_is_full(file: Path, payload: Any, **options: Any) -> Any:
         calls.append(file)
-        # epoch 1 writes "epoch=0001-..." and "best" (10 files); epoch 2's save then fails.
+        # epoch 1 writes "epoch=0001-..." and "best" (10 files); epoch 2's save then fails
+        # (files 0-3 while the hook runs; 4, the manifest, on the background commit).
         if len(calls) == 10 + failing_file + 1:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        return real_write(file, payload)
+        return real_write(file, payload, **options)
 
     monkeypatch.setattr(_write, "_write_file", write_until_the_disk_is_full)
     trainer = make_trainer(directory)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from unitrain.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from unitrain.checkpoint._write import remove_leftovers
+from unitrain.checkpoint._write import CheckpointWriter, remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
 from unitrain.models import MLP
@@ -147,6 +147,7 @@ class Trainer:
             )
         self._device_source: BatchSource | None = None  # the source copied to the device
         self._running = RunningLoss(getattr(self.backend, "to_host", None))
+        self._writer = CheckpointWriter()
         self._last_lr = self.lr
         rng.seed_everything(config.seed)
 
@@ -193,7 +194,15 @@ class Trainer:
         with locked(directories):
             for directory in directories:  # safe now: no other run writes there
                 remove_leftovers(directory)
-            self._fit(source, val_source, resume)
+            try:
+                self._fit(source, val_source, resume)
+            except BaseException as error:
+                try:
+                    self._writer.wait()  # no save may outlive the lock
+                except CheckpointError as failed:
+                    error.add_note(f"also, a checkpoint save in the background failed: {failed}")
+                raise
+            self._writer.wait()
         return self.history
 
     def _fit(self, source: BatchSource, val_source: BatchSource | None, resume: Any) -> None:
@@ -237,8 +246,24 @@ class Trainer:
         """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
         return {f"test_{k}": v for k, v in self._evaluate(data, "test_data").items()}
 
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Write a checkpoint of everything needed to continue exactly from here."""
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        *,
+        background: bool = False,
+        then: Callable[[], None] | None = None,
+    ) -> Path:
+        """Write a checkpoint of everything needed to continue exactly from here.
+
+        Args:
+            path: the checkpoint directory (see :func:`unitrain.checkpoint.save_checkpoint`).
+            background: return once the files are written and let a background thread digest,
+                fsync and rename them (:class:`~unitrain.checkpoint.CheckpointWriter`); the
+                checkpoint appears at ``path`` when it is durable, and ``fit`` waits for it
+                before returning. Otherwise it is durable when this returns.
+            then: called once the checkpoint is in place (on the background thread, with
+                ``background``); where older checkpoints can be deleted safely.
+        """
         model, optimizer = split_state(self.backend.state_dict())
         callback_tensors: dict[str, Any] = {}
         callback_states = pack_tensors(self.callbacks.state_dict(), "callbacks", callback_tensors)
@@ -261,9 +286,14 @@ class Trainer:
             },
             "unitrain_version": unitrain.__version__,
         }
-        return save_checkpoint(
-            path, model=model, optimizer=optimizer, callbacks=callback_tensors, trainer=info
-        )
+        state = {"model": model, "optimizer": optimizer, "callbacks": callback_tensors}
+        if background:
+            return self._writer.save(path, trainer=info, then=then, **state)
+        self._writer.wait()
+        saved = save_checkpoint(path, trainer=info, **state)
+        if then is not None:
+            then()
+        return saved
 
     # -- the loop -----------------------------------------------------------------------------
 

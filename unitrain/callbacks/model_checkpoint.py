@@ -31,6 +31,11 @@ class ModelCheckpoint(Callback):
     This callback runs after all others in each hook, so the state it saves includes every
     other callback's decision for the epoch (early stopping's counter, a logger's position).
 
+    By default training goes on while a checkpoint is finished: the hook returns once the
+    files are written, and a background thread digests, fsyncs and renames them into place
+    (``Trainer.save_checkpoint(background=True)``); older checkpoints are deleted only after
+    the new one is in place, and ``fit`` returns only when the last one is durable.
+
     Args:
         dirpath: directory of the checkpoints; defaults to ``TrainerConfig.checkpoint_dir``.
         every_n_epochs: save after every n-th epoch (None: never by epoch).
@@ -39,6 +44,8 @@ class ModelCheckpoint(Callback):
         monitor: metric whose best value selects the ``best`` checkpoint (None: no best).
         mode: ``"min"``, ``"max"`` or ``"auto"`` for ``monitor``.
         min_delta: improvement needed for a new best.
+        background: finish each save on a background thread (see above); False makes each
+            checkpoint durable before the hook returns.
     """
 
     runs_last = True
@@ -53,6 +60,7 @@ class ModelCheckpoint(Callback):
         monitor: str | None = None,
         mode: str = "auto",
         min_delta: float = 0.0,
+        background: bool = True,
     ) -> None:
         for name, value in (
             ("every_n_epochs", every_n_epochs),
@@ -80,6 +88,7 @@ class ModelCheckpoint(Callback):
             None if monitor is None else Monitor("ModelCheckpoint", monitor, mode, min_delta)
         )
         self.best = self.monitor.worst if self.monitor else math.inf
+        self.background = bool(background)
         self.last_saved: Path | None = None
         self._last_step = 0
 
@@ -116,16 +125,21 @@ class ModelCheckpoint(Callback):
         if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
             self._save_periodic(trainer)
         if new_best:
-            trainer.save_checkpoint(self._directory(trainer) / BEST)
+            trainer.save_checkpoint(self._directory(trainer) / BEST, background=self.background)
 
     def _save_periodic(self, trainer: Trainer) -> None:
         directory = self._directory(trainer)
         name = checkpoint_name(trainer.state.epoch, trainer.state.step)
-        self.last_saved = trainer.save_checkpoint(directory / name)
-        if self.keep_last is not None:
-            periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
-            for old in periodic[: -self.keep_last]:
-                remove_checkpoint(old)
+
+        def prune() -> None:  # once the new checkpoint is in place
+            if self.keep_last is not None:
+                periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
+                for old in periodic[: -self.keep_last]:
+                    remove_checkpoint(old)
+
+        self.last_saved = trainer.save_checkpoint(
+            directory / name, background=self.background, then=prune
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best}

@@ -32,7 +32,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_checkpoint", "bench_resume", "checkpoint_arrays"]
+__all__ = ["STEADY_MEMORY_ENV", "bench_checkpoint", "bench_resume", "checkpoint_arrays"]
+
+#: glibc settings under which the process keeps the memory of freed 400 MB arrays, so every
+#: method's load fills memory in the same state. Without them a load's time depends on whether
+#: the previous round gave its memory back to the kernel: on this VM, which reports freed
+#: memory to its host, touching such memory again made ``load_file`` alone swing from 0.03 s
+#: to 0.16 s with no code change. ``run.py`` sets them for this benchmark's process.
+STEADY_MEMORY_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024),
+    "MALLOC_TRIM_THRESHOLD_": str(10**11),
+}
 
 _LAYER = 2048
 

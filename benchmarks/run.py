@@ -26,7 +26,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # the root, not benchmarks/
 
-from benchmarks import report, system
+from benchmarks import checkpoint_bench, report, system
 from benchmarks._harness import ROOT, child_env, measure_speed
 from benchmarks.methods import METHODS
 from benchmarks.workloads import WORKLOADS
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             capture_output=True,
             text=True,
             cwd=ROOT,
-            env=child_env("torch"),
+            env={**child_env("torch"), **checkpoint_bench.STEADY_MEMORY_ENV},
         )
         if completed.returncode == 0:
             results["checkpoint"] = json.loads(completed.stdout.splitlines()[-1])

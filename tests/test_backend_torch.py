@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unitrain import ConfigError, Trainer, TrainerConfig, models, optim, schedules  # noqa: E402
+from unitrain._run_state import model_description  # noqa: E402
 from unitrain.backend import BackendOptions  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
 from unitrain.backends.torch import TorchBackend  # noqa: E402
@@ -36,7 +37,7 @@ def test_a_native_module_with_a_native_loss_trains():
     history = trainer.fit(data())
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
     assert "model.0.weight" in trainer.backend.state_dict()
-    assert trainer._model_description() == {"type": "native", "class": "Sequential"}
+    assert model_description(trainer.model) == {"type": "native", "class": "Sequential"}
 
 
 def test_gpu_without_cuda_is_a_clear_error():

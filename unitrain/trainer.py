@@ -8,7 +8,6 @@ added up with ``+``; they become host floats only at logging points and epoch en
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -18,19 +17,16 @@ from typing import Any
 
 import numpy as np
 
-import unitrain
 from unitrain import rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
+from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
 from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import (
-    _resume,
     list_checkpoints,
-    load_checkpoint,
-    resolve_checkpoint,
     save_checkpoint,
 )
 from unitrain.checkpoint._write import CheckpointWriter, remove_leftovers
@@ -39,29 +35,11 @@ from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_sourc
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
-from unitrain.schedules import AbstractSchedule, Constant, from_dict
-from unitrain.state import pack_tensors, split_state, unpack_tensors
+from unitrain.schedules import AbstractSchedule, Constant
 
 __all__ = ["TrainState", "Trainer"]
 
 Batch = tuple[Any, Any]
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint.
-
-    Attributes:
-        epoch: index of the current epoch (= epochs completed).
-        step: optimizer updates applied so far (the schedule's argument).
-        batch: batches consumed in the current epoch.
-        stop_training: set by a callback (early stopping) to end training after this update.
-    """
-
-    epoch: int = 0
-    step: int = 0
-    batch: int = 0
-    stop_training: bool = False
 
 
 class Trainer:
@@ -215,7 +193,7 @@ class Trainer:
                 stacklevel=3,
             )
         elif resume is not None:
-            resumed = self._restore(resume)
+            resumed = restore(self, resume)
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed
@@ -264,28 +242,7 @@ class Trainer:
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
         """
-        model, optimizer = split_state(self.backend.state_dict())
-        callback_tensors: dict[str, Any] = {}
-        callback_states = pack_tensors(self.callbacks.state_dict(), "callbacks", callback_tensors)
-        info = {
-            **dataclasses.asdict(self.state),
-            "running": {"loss_sum": self._running.total(), "count": self._running.count},
-            "lr_factor": self.lr_factor,
-            "skipped_steps": self.skipped_steps,
-            "schedule": self.schedule.to_dict(),
-            "optimizer": self.optimizer.to_dict(),
-            "model": self._model_description(),
-            "config": dataclasses.asdict(self.config),
-            "callbacks": callback_states,
-            "history": self.history,
-            "rng": {**rng.get_rng_state(), "backend": self.backend.rng_state()},
-            "backend": {
-                "name": self.backend.name,
-                "device": self.backend.device,
-                "versions": self.backend.versions(),
-            },
-            "unitrain_version": unitrain.__version__,
-        }
+        info, model, optimizer, callback_tensors = snapshot(self)
         state = {"model": model, "optimizer": optimizer, "callbacks": callback_tensors}
         if background:
             return self._writer.save(path, trainer=info, then=then, **state)
@@ -480,11 +437,6 @@ class Trainer:
             )
         return source
 
-    def _model_description(self) -> dict[str, Any]:
-        if isinstance(self.model, MLP):
-            return self.model.to_dict()
-        return {"type": "native", "class": type(self.model).__qualname__}
-
     def _nothing_to_resume(self) -> bool:
         """Whether ``resume="latest"`` finds no checkpoint at all (a first run, not an error).
 
@@ -492,42 +444,3 @@ class Trainer:
         if self.config.checkpoint_dir is None:
             raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
         return not list_checkpoints(self.config.checkpoint_dir)
-
-    def _restore(self, resume: str | Path) -> tuple[Path, dict[str, Any]]:
-        """Load a checkpoint into backend and Trainer; return it and the callbacks' states.
-
-        A checkpoint may come from anyone, so it is checked before it is used (see
-        :mod:`unitrain.checkpoint._resume`); every problem is a CheckpointError naming the
-        file. A failed resume may leave this Trainer half restored: build a new one.
-        """
-        path = resolve_checkpoint(str(resume), self.config.checkpoint_dir or ".")
-        checkpoint = load_checkpoint(path)
-        info, file = checkpoint.trainer, path / "trainer.json"
-        mine = {"model": self._model_description(), "optimizer": self.optimizer.to_dict()}
-        _resume.check_same_run(path, info, mine)
-        state = {f"model.{k}": v for k, v in checkpoint.model.items()}
-        state.update({f"optimizer.{k}": v for k, v in checkpoint.optimizer.items()})
-        _resume.check_tensors(path, state, self.backend.state_dict())
-        point = _resume.read_resume_point(info, file, self.batches_per_epoch)
-        try:
-            self.backend.load_state_dict(state)
-            if point.rng is not None:
-                rng.set_rng_state(point.rng)
-                self.backend.set_rng_state(point.rng.get("backend", {}))
-            schedule = None if point.schedule is None else from_dict(point.schedule)
-            callbacks = dict(unpack_tensors(point.callbacks, checkpoint.callbacks))
-        except Exception as error:  # hostile input: whatever it breaks is the file's fault
-            raise CheckpointError(
-                f"{file}: cannot be restored ({type(error).__name__}: {error}); it is damaged "
-                "or was not written by unitrain — use an earlier checkpoint"
-            ) from error
-        if schedule is not None and schedule != self.schedule:
-            mine["schedule"] = self.schedule.to_dict()
-        _resume.warn_other_settings(path, info, mine, dataclasses.asdict(self.config))
-        self.state = TrainState(point.epoch, point.step, point.batch, point.stop_training)
-        self._running.reset(point.loss_sum, point.loss_count)
-        self.lr_factor = point.lr_factor
-        self._skipped_before = self._skipped_reported = point.skipped_steps
-        self.history = point.history
-        self._last_lr = self.lr
-        return path, callbacks

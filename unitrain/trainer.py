@@ -2,8 +2,9 @@
 
 The loop owns what is the same everywhere — epochs, batching, accumulation, the learning
 rate, callbacks, checkpoints, metric bookkeeping — and leaves forward, backward and the
-update to a :class:`unitrain.backend.Backend`. Metric values stay backend scalars and are
-added up with ``+``; they become host floats only at logging points and epoch ends.
+update to a :class:`unitrain.backend.Backend`. Per-update losses stay on the device, collected
+without a framework op; they are read back (one batched transfer) and summed in float64 only
+at logging points, checkpoints and epoch ends.
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ from unitrain._running import RunningLoss
 from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
-from unitrain.checkpoint import (
-    list_checkpoints,
-    save_checkpoint,
-)
-from unitrain.checkpoint._write import CheckpointWriter, remove_leftovers
+from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
+from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
 from unitrain.models import MLP

@@ -42,22 +42,20 @@ class _Page:
         return self._host
 
 
-class LossRef:
+class LossRef(tuple[Any, ...]):
     """The training loss of one update, read on demand: ``float(ref)``, ``numpy.asarray(ref)``.
 
     Reading waits for that update (and those before it) to finish, like reading a device array.
+    A ``(log, page, slot)`` tuple underneath: built in C, one is made per update.
     """
 
-    __slots__ = ("_index", "_log", "_page")
-
-    def __init__(self, log: LossLog, page: _Page, index: int) -> None:
-        self._log, self._page, self._index = log, page, index
+    __slots__ = ()
 
     def __float__(self) -> float:
-        return float(self._log.read([self])[0])
+        return float(self[0].read([self])[0])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self._log.read([self])[0], dtype=dtype)
+        return np.asarray(self[0].read([self])[0], dtype=dtype)
 
     def __repr__(self) -> str:
         return f"LossRef({float(self)!r})"
@@ -73,33 +71,31 @@ class LossLog:
 
     def __init__(self, live: Callable[[], Any], fresh: Callable[[], Any]) -> None:
         self._live, self._fresh = live, fresh
-        self._page, self._cursor = _Page(), 0
+        self._page = _Page()
+        #: The slot the next update writes; :data:`SIZE` when the page is full.
+        self.cursor = 0
 
-    def turn_page(self) -> Any | None:
-        """Before an update that writes a slot: the fresh buffer to put in the state, if the
-        current one is full (it is then sealed), else None."""
-        if self._cursor < SIZE:
-            return None
+    def turn_page(self) -> Any:
+        """Seal the full current page; return the fresh buffer to put in the state instead."""
         self._page.sealed = self._live()
-        self._page, self._cursor = _Page(), 0
+        self._page, self.cursor = _Page(), 0
         return self._fresh()
 
     def next_ref(self) -> LossRef:
-        """The reference to the slot the next update writes (call :meth:`turn_page` first)."""
-        ref = LossRef(self, self._page, self._cursor)
-        self._cursor += 1
+        """The reference to slot :attr:`cursor`, which the update just made wrote."""
+        ref = LossRef((self, self._page, self.cursor))
+        self.cursor += 1
         return ref
 
     def read(self, refs: Iterable[LossRef]) -> list[np.float32]:
         """The values of ``refs``: one transfer for the current page, one per sealed page."""
         live: np.ndarray | None = None
         values = []
-        for ref in refs:
-            page = ref._page
+        for _, page, index in refs:
             if page.sealed is None and page._host is None:  # the current page
                 if live is None:
                     live = np.asarray(self._live())
-                values.append(live[ref._index])
+                values.append(live[index])
             else:
-                values.append(page.host()[ref._index])
+                values.append(page.host()[index])
         return values

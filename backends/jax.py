@@ -64,6 +64,8 @@ from unitrain.state import check_state, split_state
 
 __all__ = ["JaxBackend", "JaxModel"]
 
+_FLOAT32 = np.dtype(np.float32)
+
 
 class JaxBackend:
     """JAX implementation of the :class:`unitrain.backend.Backend` protocol, with a fused step.
@@ -152,8 +154,8 @@ class JaxBackend:
         if (
             type(x) is np.ndarray
             and type(y) is np.ndarray
-            and x.dtype == np.float32
-            and (y.dtype == self._label_dtype or (self.classification and y.dtype.kind == "i"))
+            and x.dtype is _FLOAT32  # builtin dtypes are singletons; == would coerce
+            and (y.dtype is self._label_dtype or (self.classification and y.dtype.kind == "i"))
         ):
             return x, y
         if not isinstance(x, jax.Array):
@@ -229,11 +231,12 @@ class JaxBackend:
             self.step(lr)
             return loss
         x, y = self._arrays(batch)
-        fresh = self._losses.turn_page()
-        if fresh is not None:
-            self._state = self._state._replace(losses=fresh)
-        self._state = self._fn.train_step(self._state, x, y, self._lr(lr), self._settings)
-        return self._losses.next_ref()
+        log = self._losses
+        if log.cursor == losslog.SIZE:
+            self._state = self._state._replace(losses=log.turn_page())
+        lr_arg = self._lr_device if lr == self._lr_cached else self._lr(lr)
+        self._state = self._fn.train_step(self._state, x, y, lr_arg, self._settings)
+        return log.next_ref()
 
     def to_host(self, values: list[Any]) -> list[np.ndarray]:
         """Many losses (those of the updates since the last read) on the host, in order.

@@ -139,12 +139,16 @@ def build_optimizer(spec: optim.Optimizer) -> Callable[[Any], optax.GradientTran
     else:
 
         def at(learning_rate: Any) -> optax.GradientTransformation:
-            # Leaving out a zero decay and a zero momentum keeps the arithmetic (and the
-            # state) exactly the reference's, which skips both when they are zero.
+            # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
+            # momentum keeps the arithmetic (and the state) exactly the reference's, which
+            # skips both when they are zero, and every level of nesting in the state is a
+            # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
+            # in a chain cost ~4 µs of a ~20 µs W2 step).
             parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
-            momentum = spec.momentum or None
-            parts.append(optax.sgd(learning_rate, momentum=momentum, nesterov=spec.nesterov))
-            return optax.chain(*parts)
+            if spec.momentum:
+                parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
+            parts.append(optax.scale_by_learning_rate(learning_rate))
+            return parts[0] if len(parts) == 1 else optax.chain(*parts)
 
     return at
 

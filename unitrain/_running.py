@@ -50,6 +50,9 @@ class RunningLoss:
         if self._values:
             total = self._total
             for values, size in zip(self._to_host(self._values), self._sizes):
+                if isinstance(values, (float, np.floating)):  # one update's loss, the usual case
+                    total += float(values) * size  # exact: float32 -> float64 loses nothing
+                    continue
                 for value in np.ravel(np.asarray(values, dtype=np.float64)):
                     total += float(value) * size
             self._total, self._values, self._sizes = total, [], []

@@ -66,46 +66,16 @@ def trainer_matches_reference(ctx: Context) -> None:
     _trainer_vs_reference(ctx, optim.Adam(), grad_accum_steps=4)
 
 
-def _trainer_vs_reference(ctx: Context, optimizer: optim.Optimizer, **config: Any) -> None:
-    backend = ctx.make(classifier(), optimizer=optimizer)
-    reference = ctx.reference(classifier(), optimizer=optimizer)
+def _trainer_vs_reference(
+    ctx: Context, optimizer: optim.Optimizer, grad_clip_norm: float | None = None, **config: Any
+) -> None:
+    clip = {} if grad_clip_norm is None else {"grad_clip_norm": grad_clip_norm}
+    backend = ctx.make(classifier(), optimizer=optimizer, **clip)
+    reference = ctx.reference(classifier(), optimizer=optimizer, **clip)
     reference.load_state_dict(upcast(backend.state_dict()))
-    ours = fit(ctx, backend, model=classifier(), optimizer=optimizer, epochs=2, **config)
-    theirs = fit(
-        ctx, reference, model=classifier(), optimizer=optimizer, epochs=2, dtype="float64", **config
-    )
-    ctx.compare(
-        "loss per epoch",
-        [r["loss"] for r in ours.history],
-        [r["loss"] for r in theirs.history],
-        "training",
-    )
-    ctx.compare("final state", ours.backend.state_dict(), theirs.backend.state_dict(), "training")
-
-
-def _clipped(ctx: Context, max_norm: float, optimizer: optim.Optimizer, **config: Any) -> None:
-    backend = ctx.make(classifier(), optimizer=optimizer, grad_clip_norm=max_norm)
-    reference = ctx.reference(classifier(), optimizer=optimizer, grad_clip_norm=max_norm)
-    reference.load_state_dict(upcast(backend.state_dict()))
-    ours = fit(
-        ctx,
-        backend,
-        model=classifier(),
-        optimizer=optimizer,
-        epochs=2,
-        grad_clip_norm=max_norm,
-        **config,
-    )
-    theirs = fit(
-        ctx,
-        reference,
-        model=classifier(),
-        optimizer=optimizer,
-        epochs=2,
-        grad_clip_norm=max_norm,
-        dtype="float64",
-        **config,
-    )
+    common = {"model": classifier(), "optimizer": optimizer, "epochs": 2, **clip, **config}
+    ours = fit(ctx, backend, **common)
+    theirs = fit(ctx, reference, dtype="float64", **common)
     ctx.compare(
         "loss per epoch",
         [r["loss"] for r in ours.history],
@@ -118,19 +88,19 @@ def _clipped(ctx: Context, max_norm: float, optimizer: optim.Optimizer, **config
 @check("clipping", "active")
 def active(ctx: Context) -> None:
     """Clipping to a small global norm (active at every update) matches the reference."""
-    _clipped(ctx, 0.05, optim.SGD(momentum=0.9))
+    _trainer_vs_reference(ctx, optim.SGD(momentum=0.9), grad_clip_norm=0.05)
 
 
 @check("clipping", "inactive")
 def inactive(ctx: Context) -> None:
     """A global norm above every gradient's leaves updates as without clipping."""
-    _clipped(ctx, 1e3, optim.SGD(momentum=0.9))
+    _trainer_vs_reference(ctx, optim.SGD(momentum=0.9), grad_clip_norm=1e3)
 
 
 @check("clipping", "with_accumulation")
 def with_accumulation(ctx: Context) -> None:
     """Clipping applies to the accumulated gradient, not to each micro-batch."""
-    _clipped(ctx, 0.05, optim.Adam(), grad_accum_steps=3)
+    _trainer_vs_reference(ctx, optim.Adam(), grad_clip_norm=0.05, grad_accum_steps=3)
 
 
 @check("clipping", "single_update")

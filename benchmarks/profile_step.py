@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import sys
 import time
@@ -32,11 +31,10 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"))
     args = parser.parse_args()
 
-    from benchmarks._worker import THREAD_ENV, pin_threads
+    from benchmarks._worker import pin_threads
     from benchmarks.methods import METHODS, train
     from benchmarks.workloads import WORKLOADS
 
-    os.environ.update(THREAD_ENV)
     method, workload = METHODS[args.method], WORKLOADS[args.workload]
     pin_threads(method.backend)
     profiler = cProfile.Profile()

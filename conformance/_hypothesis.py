@@ -42,7 +42,6 @@ def explore(
     *,
     strategy: Callable[[], Any] | None,
     explicit: Sequence[Any] = (),
-    max_examples: int | None = None,
 ) -> None:
     """Run ``explicit`` examples, then hypothesis-drawn ones, until one fails.
 
@@ -52,7 +51,6 @@ def explore(
         strategy: a function returning the hypothesis strategy (called only when hypothesis
             is installed), or None for explicit examples only.
         explicit: examples that always run first.
-        max_examples: overrides the profile's number of drawn examples.
 
     Raises:
         CheckFailed: naming the failing example.
@@ -69,7 +67,7 @@ def explore(
     derandomize, examples = PROFILES[ctx.hypothesis_profile]
     config = settings(
         derandomize=derandomize,
-        max_examples=max_examples if max_examples is not None else examples,
+        max_examples=examples,
         deadline=None,
         database=None,
         phases=(Phase.explicit, Phase.generate),

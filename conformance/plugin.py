@@ -9,6 +9,7 @@ table.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -66,16 +67,24 @@ def requested_backends(config: pytest.Config, *, environment: bool = True) -> li
     return names
 
 
+@functools.cache
+def _resolved(name: str) -> Any:
+    """The backend class of ``name``, resolved once per session (entry points, devices)."""
+    from unitrain.conformance._runner import resolve_backend
+
+    return resolve_backend(name)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the kit's test function with one item per planned check."""
     if "unitrain_check" not in metafunc.fixturenames:
         return
-    from unitrain.conformance._runner import plan, resolve_backend
+    from unitrain.conformance._runner import plan
 
     config = metafunc.config
     params = []
     for name in requested_backends(config):
-        backend = resolve_backend(name)
+        backend = _resolved(name)
         planned, _ = plan(
             backend,
             device=config.getoption("unitrain_device"),
@@ -93,9 +102,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def execute(request: pytest.FixtureRequest, name: str, item: Any) -> None:
     """Run one planned check as a pytest item and translate its status."""
-    from unitrain.conformance._runner import resolve_backend, run_planned
+    from unitrain.conformance._runner import run_planned
 
-    backend = resolve_backend(name)
+    backend = _resolved(name)
     result = run_planned(
         backend, item, hypothesis_profile=request.config.getoption("unitrain_hypothesis_profile")
     )
@@ -123,7 +132,7 @@ _collected: list[dict[str, Any]] = []
 
 def _reports() -> list[Any]:
     from unitrain.conformance._report import Report
-    from unitrain.conformance._runner import CheckResult, resolve_backend
+    from unitrain.conformance._runner import CheckResult
 
     by_target: dict[str, list[dict[str, Any]]] = {}
     for record in _collected:
@@ -135,7 +144,7 @@ def _reports() -> list[Any]:
             fields = {k: v for k, v in record.items() if k != "target"}
             fields["notes"] = tuple(fields["notes"])
             results.append(CheckResult(**fields))
-        reports.append(Report(resolve_backend(target), results))
+        reports.append(Report(_resolved(target), results))
     return reports
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from unitrain._errors import ConfigError
 
 __all__ = [
+    "CLIP_EPSILON",
     "SGD",
     "Adam",
     "AdamW",

@@ -49,11 +49,6 @@ class Method:
     baseline: str | None
     description: str
 
-    @property
-    def keras_backend(self) -> str | None:
-        """``KERAS_BACKEND`` for Keras' process (TensorFlow models go through Keras too)."""
-        return self.backend if self.module in ("keras_fit", "tf_native", "unitrain") else None
-
 
 _HOST = "native loop, host numpy batches shuffled per epoch"
 _DEVICE = "native loop, data on device, one step per call"

@@ -55,7 +55,7 @@ def native_model(workload: Workload, backend: str) -> Any:
 def build_trainer(
     workload: Workload, backend: str, variant: str, epochs: int, callbacks: list[Any]
 ) -> Any:
-    """The Trainer of this benchmark (also used by the profiler script)."""
+    """The Trainer of this benchmark."""
     from unitrain import Trainer, TrainerConfig, models, optim, schedules
 
     if workload.kind == "mlp":

@@ -17,7 +17,7 @@ import numpy as np
 from unitrain import optim
 from unitrain.checkpoint import load_checkpoint, save_checkpoint
 from unitrain.conformance._context import Context
-from unitrain.conformance._probes import copy_state, model_state
+from unitrain.conformance._probes import copy_state, model_state, upcast
 from unitrain.conformance._registry import add_check, check
 from unitrain.conformance._training import (
     classifier,
@@ -157,15 +157,11 @@ def _upcast_copy(path: Path, target: Path) -> Path:
     oracle continues a float32 checkpoint in float64 from exactly the same numbers.
     """
     loaded = load_checkpoint(path)
-
-    def up(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in tensors.items()}
-
     return save_checkpoint(
         target,
-        model=up(dict(loaded.model)),
-        optimizer=up(dict(loaded.optimizer)),
-        callbacks=up(dict(loaded.callbacks)),
+        model=upcast(dict(loaded.model)),
+        optimizer=upcast(dict(loaded.optimizer)),
+        callbacks=upcast(dict(loaded.callbacks)),
         trainer={k: v for k, v in loaded.trainer.items() if k != "format_version"},
     )
 

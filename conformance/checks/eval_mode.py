@@ -14,7 +14,7 @@ import numpy as np
 
 from unitrain import optim
 from unitrain.conformance._context import Context
-from unitrain.conformance._probes import copy_state
+from unitrain.conformance._probes import copy_state, model_state, upcast
 from unitrain.conformance._registry import check
 from unitrain.conformance._training import classifier, classifier_data
 from unitrain.models import MLP
@@ -34,9 +34,8 @@ def _floats(metrics: Any) -> dict[str, float]:
 
 def _against_reference(ctx: Context, backend: Any, model: MLP, batch: Any, loss: str) -> None:
     reference = ctx.reference(model, loss=loss, optimizer=optim.Adam())
-    state = {k: v for k, v in backend.state_dict().items() if k.startswith("model.")}
     ref_state = reference.state_dict()
-    ref_state.update({k: np.asarray(v, np.float64) for k, v in state.items()})
+    ref_state.update(upcast(model_state(backend.state_dict())))
     reference.load_state_dict(ref_state)
     ours, theirs = _floats(backend.evaluate(batch)), _floats(reference.evaluate(batch))
     ctx.require_equal("metric names", sorted(ours), sorted(theirs))

@@ -110,10 +110,10 @@ class KerasNativeBackend:
         h = x
         keep = 1.0 - self.spec.dropout
         last = len(self.model.layers) - 1
+        step = int(self.optimizer.iterations.numpy()) if training and self.spec.dropout else 0
         for i, layer in enumerate(self.model.layers):
             h = layer(h)
             if training and i < last and self.spec.dropout:
-                step = int(self.optimizer.iterations.numpy())
                 seed = tf.constant([self.options.seed * 7919 + i, step * 1000 + self._micro_batch])
                 mask = tf.random.stateless_uniform(tf.shape(h), seed) < keep
                 h = tf.where(mask, h / keep, tf.zeros_like(h))

@@ -69,7 +69,7 @@ class TorchBackend:
 
     name = "torch"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=True
+        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
     )
 
     @staticmethod
@@ -186,17 +186,6 @@ class TorchBackend:
         self.optimizer.zero_grad()
         self._micro_batch = 0
 
-    def train_step(self, batch: Batch, lr: float) -> Any:
-        """Equal to ``forward(batch); backward(); step(lr)``; returns the detached loss.
-
-        Eager PyTorch has no compiled step to fuse into, so this is the three calls; it lets
-        the Trainer take its one-update-per-batch loop.
-        """
-        loss = self.forward(batch)
-        self.backward()
-        self.step(lr)
-        return loss
-
     def _gradients_finite(self, grads: list[torch.Tensor]) -> bool:
         """Clip ``grads`` in place if configured; return whether they are all finite.
 
@@ -243,10 +232,11 @@ class TorchBackend:
             torch._foreach_add_(p, direction, alpha=-lr)
 
     def to_host(self, values: list[torch.Tensor]) -> list[np.ndarray]:
-        """Many device values (losses) read back to the host in one transfer."""
+        """Many device values (losses) read back to the host in one transfer, in their dtype
+        (bfloat16 as float32, which holds it exactly)."""
         if all(v.shape == values[0].shape for v in values):
-            return list(torch.stack(values).float().cpu().numpy())
-        return [v.detach().float().cpu().numpy() for v in values]
+            return list(_to_numpy(torch.stack(values)))
+        return [_to_numpy(v) for v in values]
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""

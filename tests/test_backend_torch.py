@@ -145,3 +145,14 @@ def test_dropout_masks_depend_on_step_not_on_history():
     a.backward()
     a.step(0.0)  # lr 0: same weights, next step
     assert not torch.equal(a.forward((x, y)), loss_b)
+
+
+def test_to_host_keeps_the_loss_dtype():
+    # A float64 run's losses must reach the running total in float64, not rounded to float32.
+    backend = TorchBackend(models.MLP((4, 8, 3)), BackendOptions(dtype="float64"))
+    x = np.random.default_rng(0).normal(size=(8, 4))
+    loss = backend.forward((x, np.arange(8) % 3))
+    backend.backward()
+    stacked, single = backend.to_host([loss, loss]), backend.to_host([loss, loss[None]])
+    assert stacked[0].dtype == np.float64 and float(stacked[0]) == float(loss.item())
+    assert single[0].dtype == np.float64

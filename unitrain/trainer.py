@@ -257,7 +257,8 @@ class Trainer:
         if self.state.batch == 0:
             self._reset_running()
         self.callbacks.call("on_epoch_begin", self, epoch)
-        if self._fused and not self._multi_step and self._device_source is not source:
+        one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
+        if one_batch_updates and self._device_source is not source:
             self._train_batches(source.batches(epoch, self.state.batch))
         else:
             for kind, payload, steps, batch_size in self._units(source, epoch):
@@ -308,30 +309,31 @@ class Trainer:
             yield "group", group, 1, 0
 
     def _train_batches(self, batches: Iterator[Batch]) -> None:
-        """One fused update per batch: the default path, kept free of per-step overhead.
+        """One update per batch: the default path, kept free of per-step overhead.
 
-        Equal to :meth:`_train_group` on one-batch groups. Everything that cannot change
-        within the epoch's loop is looked up once; per update the loop computes the LR,
-        records the loss (no host sync) and counts, and reads the running metrics only at
-        logging points. Hooks are called only when some callback defines them.
+        Equal to :meth:`_train_group` on one-batch groups. What cannot change within the
+        epoch is looked up once; per update the loop computes the LR, runs the backend's
+        fused step (or forward, backward and step), records the loss (no host sync) and
+        counts. Hooks are called only when some callback defines them.
         """
-        state, backend, callbacks, running = self.state, self.backend, self.callbacks, self._running
-        schedule, every = self.schedule, self.config.log_every_n_steps
-        assert isinstance(backend, FusedStep)
-        begin, end = callbacks.hooks["on_batch_begin"], callbacks.hooks["on_batch_end"]
+        backend, callbacks, running = self.backend, self.callbacks, self._running
+        update = backend.train_step if self._fused else self._update
+        begin = callbacks.hooks["on_batch_begin"]
         for batch in batches:
-            lr = schedule(state.step) * self.lr_factor
+            lr = self.schedule(self.state.step) * self.lr_factor
             if begin:
-                callbacks.call("on_batch_begin", self, state.batch)
-            running.add(backend.train_step(batch, lr), len(batch[0]))
-            if begin or end or (state.step + 1) % every == 0:
-                self._after_update(1, 1, lr)
-                if state.stop_training:
-                    break
-            else:
-                state.step += 1
-                state.batch += 1
-                self._last_lr = lr
+                callbacks.call("on_batch_begin", self, self.state.batch)
+            running.add(update(batch, lr), len(batch[0]))
+            self._after_update(1, 1, lr)
+            if self.state.stop_training:
+                break
+
+    def _update(self, batch: Batch, lr: float) -> Any:
+        """``forward; backward; step``: one update from one batch, for unfused backends."""
+        loss = self.backend.forward(batch)
+        self.backend.backward()
+        self.backend.step(lr)
+        return loss
 
     def _train_steps(self, kind: str, payload: Any, steps: int, batch_size: int) -> None:
         """``steps`` updates in one compiled call of the backend."""
@@ -359,16 +361,22 @@ class Trainer:
         self._after_update(1, len(group), lr)
 
     def _after_update(self, steps: int, batches: int, lr: float) -> None:
-        """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``."""
+        """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``.
+
+        Between logging points, with no ``on_batch_end`` hook, only the counting is done.
+        """
         state = self.state
         state.step += steps
         state.batch += batches
         self._last_lr = lr
+        every, hooked = self.config.log_every_n_steps, self.callbacks.hooks["on_batch_end"]
+        logging = state.step // every > (state.step - steps) // every
+        if not (logging or hooked):
+            return
         logs: dict[str, Any] = {"step": state.step, "lr": lr}
-        every = self.config.log_every_n_steps
-        if state.step // every > (state.step - steps) // every:
+        if logging:
             logs.update(self._read_running())
-        if self.callbacks.hooks["on_batch_end"]:
+        if hooked:
             self.callbacks.call("on_batch_end", self, state.batch, logs)
 
     def _reset_running(self) -> None:

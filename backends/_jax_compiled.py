@@ -56,7 +56,7 @@ APPLIED, SKIPPED, CURSOR = 0, 1, 2
 
 def initial_counters() -> np.ndarray:
     """The ``counters`` leaf of a new :class:`DeviceState`, on the host."""
-    return np.zeros(3, np.int32)
+    return np.zeros(CURSOR + 1, np.int32)
 
 
 class Settings(NamedTuple):
@@ -115,10 +115,11 @@ def build_functions(
     counts: collections.Counter[str] = collections.Counter()
 
     def jit(fn: Any, **options: Any) -> Any:
+        if precision is None:
+            return jax.jit(fn, **options)
+
         @functools.wraps(fn)
         def traced(*args: Any) -> Any:
-            if precision is None:
-                return fn(*args)
             with jax.default_matmul_precision(precision):
                 return fn(*args)
 

@@ -23,7 +23,8 @@ import numpy as np
 
 __all__ = ["SIZE", "LossLog", "LossRef"]
 
-#: Slots per page. The Trainer reads at least every ``log_every_n_steps`` updates.
+#: Slots per page: the device buffer is 1 KiB; a sealed page is held (then as host memory)
+#: only while references to it are.
 SIZE = 256
 
 
@@ -92,7 +93,7 @@ class LossLog:
         live: np.ndarray | None = None
         values = []
         for _, page, index in refs:
-            if page.sealed is None and page._host is None:  # the current page
+            if page is self._page:
                 if live is None:
                     live = np.asarray(self._live())
                 values.append(live[index])

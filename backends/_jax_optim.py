@@ -66,7 +66,7 @@ def torch_adam(
     and no host round trip is needed to know how many updates were skipped.
 
     Args:
-        learning_rate: the step size (a traced float32 scalar under ``inject_hyperparams``).
+        learning_rate: the step size (the jitted update's traced float32 ``lr`` argument).
         beta1: decay of the first moment.
         beta2: decay of the second moment.
         eps: added to ``sqrt(v) / sqrt(1 - beta2**t)``.

@@ -97,7 +97,6 @@ class JaxBackend:
         self.jax_device = _resolve_device(options.device)
         apply, params, self.portable = as_apply_and_params(model, options.seed)
         _, self.classification = loss_function(options.loss)
-        self._label_dtype = np.dtype(np.int32 if self.classification else np.float32)
         self._fn = functions(
             model if self.portable else apply,
             options.loss,
@@ -155,7 +154,7 @@ class JaxBackend:
             type(x) is np.ndarray
             and type(y) is np.ndarray
             and x.dtype is _FLOAT32  # builtin dtypes are singletons; == would coerce
-            and (y.dtype is self._label_dtype or (self.classification and y.dtype.kind == "i"))
+            and (y.dtype.kind == "i" if self.classification else y.dtype is _FLOAT32)
         ):
             return x, y
         if not isinstance(x, jax.Array):
@@ -234,8 +233,7 @@ class JaxBackend:
         log = self._losses
         if log.cursor == losslog.SIZE:
             self._state = self._state._replace(losses=log.turn_page())
-        lr_arg = self._lr_device if lr == self._lr_cached else self._lr(lr)
-        self._state = self._fn.train_step(self._state, x, y, lr_arg, self._settings)
+        self._state = self._fn.train_step(self._state, x, y, self._lr(lr), self._settings)
         return log.next_ref()
 
     def to_host(self, values: list[Any]) -> list[np.ndarray]:

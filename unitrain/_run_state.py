@@ -12,12 +12,11 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 import unitrain
 from unitrain import rng
 from unitrain._errors import CheckpointError
-from unitrain.checkpoint import _resume, load_checkpoint, resolve_checkpoint
+from unitrain.checkpoint import _resume
+from unitrain.checkpoint._discovery import load_resolved
 from unitrain.models import MLP
 from unitrain.schedules import from_dict
 from unitrain.state import pack_tensors, split_state, unpack_tensors
@@ -52,10 +51,9 @@ def model_description(model: Any) -> dict[str, Any]:
     return {"type": "native", "class": type(model).__qualname__}
 
 
-def snapshot(
-    trainer: Trainer,
-) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
-    """``(trainer.json state, model arrays, optimizer arrays, callback arrays)`` of now."""
+def snapshot(trainer: Trainer) -> dict[str, Any]:
+    """The state of the run now, as the keyword arguments of ``save_checkpoint``: ``trainer``
+    (the trainer.json state), ``model``, ``optimizer`` and ``callbacks`` (arrays)."""
     model, optimizer = split_state(trainer.backend.state_dict())
     callback_tensors: dict[str, Any] = {}
     callback_states = pack_tensors(trainer.callbacks.state_dict(), "callbacks", callback_tensors)
@@ -78,7 +76,7 @@ def snapshot(
         },
         "unitrain_version": unitrain.__version__,
     }
-    return info, model, optimizer, callback_tensors
+    return {"trainer": info, "model": model, "optimizer": optimizer, "callbacks": callback_tensors}
 
 
 def restore(trainer: Trainer, resume: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -88,8 +86,8 @@ def restore(trainer: Trainer, resume: str | Path) -> tuple[Path, dict[str, Any]]
     :mod:`unitrain.checkpoint._resume`); every problem is a CheckpointError naming the
     file. A failed resume may leave the Trainer half restored: build a new one.
     """
-    path = resolve_checkpoint(str(resume), trainer.config.checkpoint_dir or ".")
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_resolved(str(resume), trainer.config.checkpoint_dir or ".")
+    path = checkpoint.path
     info, file = checkpoint.trainer, path / "trainer.json"
     mine = {"model": model_description(trainer.model), "optimizer": trainer.optimizer.to_dict()}
     _resume.check_same_run(path, info, mine)

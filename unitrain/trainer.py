@@ -240,12 +240,11 @@ class Trainer:
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
         """
-        info, model, optimizer, callback_tensors = snapshot(self)
-        state = {"model": model, "optimizer": optimizer, "callbacks": callback_tensors}
+        state = snapshot(self)
         if background:
-            return self._writer.save(path, trainer=info, then=then, **state)
+            return self._writer.save(path, then=then, **state)
         self._writer.wait()
-        saved = save_checkpoint(path, trainer=info, **state)
+        saved = save_checkpoint(path, **state)
         if then is not None:
             then()
         return saved

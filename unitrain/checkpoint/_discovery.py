@@ -15,10 +15,10 @@ from unitrain.checkpoint._format import (
     check_trainer_state,
     decode_json,
 )
-from unitrain.checkpoint._read import read_file, verify_checkpoint
+from unitrain.checkpoint._read import Checkpoint, load_checkpoint, read_file
 from unitrain.checkpoint._write import DISPLACED_PATTERN
 
-__all__ = ["list_checkpoints", "resolve_checkpoint"]
+__all__ = ["list_checkpoints", "load_resolved", "resolve_checkpoint"]
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
@@ -103,10 +103,16 @@ def resolve_checkpoint(spec: str | os.PathLike[str], directory: str | os.PathLik
         >>> resolve_checkpoint("latest", root).name
         'step20'
     """
+    return load_resolved(spec, directory).path
+
+
+def load_resolved(spec: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Checkpoint:
+    """:func:`resolve_checkpoint`, returning the checkpoint it loaded to verify it.
+
+    Verifying a checkpoint is loading it, so a resume uses this to read it once.
+    """
     if not (isinstance(spec, str) and spec == "latest"):
-        target = Path(spec)
-        verify_checkpoint(target)
-        return target
+        return load_checkpoint(Path(spec))
     candidates = list_checkpoints(directory)
     if not candidates:
         raise CheckpointError(
@@ -116,7 +122,7 @@ def resolve_checkpoint(spec: str | os.PathLike[str], directory: str | os.PathLik
     failures: list[str] = []
     for candidate in reversed(candidates):
         try:
-            verify_checkpoint(candidate)
+            return load_checkpoint(candidate)
         except CheckpointError as exc:
             warnings.warn(
                 f"skipping checkpoint {candidate} when resuming 'latest': {exc}",
@@ -124,8 +130,6 @@ def resolve_checkpoint(spec: str | os.PathLike[str], directory: str | os.PathLik
                 stacklevel=2,
             )
             failures.append(str(exc))  # each message starts with the path
-            continue
-        return candidate
     raise CheckpointError(
         f"{directory}: none of its {len(candidates)} checkpoints is valid, so there is nothing "
         "to resume 'latest' from; start without resuming or restore a checkpoint. Tried, "

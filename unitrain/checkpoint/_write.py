@@ -263,13 +263,11 @@ def _stage(
         for name, buffers in payloads.items():
             files[name] = _write_file(staging / name, buffers, durable=durable)
             _pause_for_tests()
-    except OSError as exc:
+    except BaseException as exc:
         if created:
             shutil.rmtree(staging, ignore_errors=True)
-        raise _save_failed(target, exc) from exc
-    except BaseException:
-        if created:
-            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _save_failed(target, exc) from exc
         raise
     return _Staged(target, staging, files)
 

@@ -213,14 +213,12 @@ class Trainer:
 
     def validate(self, data: Any) -> dict[str, float]:
         """Evaluate on ``data`` in eval mode; metrics are prefixed ``val_``."""
-        self.callbacks.call("on_validation_begin", self)
-        metrics = {f"val_{k}": v for k, v in self._evaluate(data, "val_data").items()}
-        self.callbacks.call("on_validation_end", self, metrics)
-        return metrics
+        return self._validate(self._source(data, "val_data", shuffle=False))
 
     def test(self, data: Any) -> dict[str, float]:
         """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
-        return {f"test_{k}": v for k, v in self._evaluate(data, "test_data").items()}
+        source = self._source(data, "test_data", shuffle=False)
+        return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
 
     def save_checkpoint(
         self,
@@ -271,7 +269,7 @@ class Trainer:
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
         if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
-            logs.update(self.validate(val_source))
+            logs.update(self._validate(val_source))  # checked once, when fit began
         logs["seconds"] = time.perf_counter() - started
         self.history.append(logs)
         self.state.epoch, self.state.batch = epoch + 1, 0
@@ -418,8 +416,13 @@ class Trainer:
             self.backend.set_device_data(source.inputs, source.targets)
             self._device_source = source
 
-    def _evaluate(self, data: Any, label: str) -> dict[str, float]:
-        source = self._source(data, label, shuffle=False)
+    def _validate(self, source: BatchSource) -> dict[str, float]:
+        self.callbacks.call("on_validation_begin", self)
+        metrics = {f"val_{k}": v for k, v in self._evaluate(source, "val_data").items()}
+        self.callbacks.call("on_validation_end", self, metrics)
+        return metrics
+
+    def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
         sums: dict[str, Any] = {}
         count = 0
         for batch in source.batches(0):

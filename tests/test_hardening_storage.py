@@ -458,3 +458,13 @@ def test_sigkill_leaves_a_lock_that_the_next_run_takes_over(tmp_path):
     assert (tmp_path / LOCK_NAME).exists()
     make_trainer(tmp_path).fit(data(), resume="latest")
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_leftover_cleanup_leaves_the_run_lock_files_to_the_lock(tmp_path):
+    # A contender's lock temporary (perhaps from another host, where its pid means nothing
+    # here) belongs to unitrain._lock's own rules; an interrupted save's staging is removed.
+    lock_temporary = tmp_path / f"{LOCK_NAME}.tmp-999999999-abcd1234"
+    lock_temporary.write_text("pid")
+    (tmp_path / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()
+    _write.remove_leftovers(tmp_path)
+    assert os.listdir(tmp_path) == [lock_temporary.name]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from unitrain._errors import CheckpointError
-from unitrain._lock import pid_running
+from unitrain._lock import LOCK_NAME, pid_running
 from unitrain.checkpoint._digest import CHUNK_BYTES, XXH3_64, Digest
 from unitrain.checkpoint._format import (
     ALL_FILES,
@@ -339,6 +339,8 @@ def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     except OSError:
         return
     for name in names:
+        if name.startswith(LOCK_NAME):  # the run lock's own files: see unitrain._lock
+            continue
         leftover = LEFTOVER_PATTERN.fullmatch(name) or DISPLACED_PATTERN.fullmatch(name)
         if leftover is None or (".old-" in name and leftover["name"] not in names):
             continue

@@ -110,7 +110,7 @@ def run_interrupted(
     checkpoint: dict[str, Any],
     callbacks: Any = lambda: [],
     **config: Any,
-) -> tuple[Trainer, Trainer]:
+) -> Trainer:
     """Train until a crash before ``stop_step``, then resume in a fresh backend.
 
     Args:
@@ -125,20 +125,20 @@ def run_interrupted(
         config: more ``TrainerConfig`` fields.
 
     Returns:
-        ``(interrupted trainer, resumed trainer)``.
+        The resumed trainer, after the whole run.
     """
     directory = ctx.path(f"resume-{stop_step}")
     saver = ctx.callback("ModelCheckpoint")
-    first = ctx.trainer(
-        model,
-        make_backend(),
-        optimizer=optimizer,
-        schedule=schedule(),
-        callbacks=[*callbacks(), saver(directory, **checkpoint), StopAt(stop_step)],
-        config={"epochs": epochs, "batch_size": 8, "seed": 0, "log_every_n_steps": 1, **config},
-    )
     try:
-        first.fit(classifier_data(ctx, 0), classifier_data(ctx, 1, 16))
+        fit(
+            ctx,
+            make_backend(),
+            model=model,
+            optimizer=optimizer,
+            epochs=epochs,
+            callbacks=[*callbacks(), saver(directory, **checkpoint), StopAt(stop_step)],
+            **config,
+        )
     except Interrupt:
         pass
     else:
@@ -153,4 +153,4 @@ def run_interrupted(
         resume=latest_checkpoint(directory),
         **config,
     )
-    return first, resumed
+    return resumed

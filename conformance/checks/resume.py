@@ -49,7 +49,7 @@ def _resume(
         callbacks=callbacks(),
         **config,
     )
-    _, resumed = run_interrupted(
+    resumed = run_interrupted(
         ctx,
         lambda: ctx.make(model, optimizer=optimizer),
         model=model,

@@ -1,7 +1,11 @@
 """Portable architectures: one description, one set of numpy initial weights, every backend.
 
-A backend that builds :class:`MLP` natively must use the canonical parameter names and
-layouts below, so a checkpoint written by one backend loads in any other:
+A portable model describes its parameters (trained) and its state (non-trainable tensors
+such as BatchNorm running statistics) by canonical names, shapes and numpy initial values:
+``param_shapes()`` / ``init_params(seed, dtype)`` and ``state_shapes()`` / ``init_state(dtype)``.
+A backend's ``state_dict`` holds both under ``model.<name>``. A backend that builds
+:class:`MLP` natively must use the canonical parameter names and layouts below, so a
+checkpoint written by one backend loads in any other:
 
 ``layers.{i}.weight``  shape ``(in_features, out_features)``; the layer computes ``x @ W + b``
 ``layers.{i}.bias``    shape ``(out_features,)``
@@ -100,6 +104,14 @@ class MLP:
             bound = 1.0 / math.sqrt(shape[0] if name.endswith("weight") else self._fan_in(name))
             params[name] = rng.uniform(-bound, bound, size=shape).astype(dtype)
         return params
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Canonical names and shapes of the model state (non-trainable tensors): none here."""
+        return {}
+
+    def init_state(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+        """Initial model state under canonical names: an MLP has none."""
+        return {}
 
     def _fan_in(self, name: str) -> int:
         return self.sizes[int(name.split(".")[1])]

@@ -144,7 +144,6 @@ def native_state(backends: list[str], device: str) -> dict:
         capture_output=True,
         text=True,
         env={**os.environ, "UNITRAIN_TEST_DEVICE": device},
-        cwd=ROOT,
     )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     return {
@@ -161,7 +160,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
     parser.add_argument("--device", default="gpu", help="gpu; cpu tries the script here")
     args = parser.parse_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    # Run from elsewhere: in the checkout, the source folder unitrain/ would shadow the
+    # installed package (whose unitrain.conformance and unitrain.backends are mapped in).
+    os.chdir(tempfile.mkdtemp())
     rows = []
     for backend in args.backends:
         rows.append(kit(backend, args.out, args.device))

@@ -55,11 +55,12 @@ def snapshot(trainer: Trainer) -> dict[str, Any]:
     """The state of the run now, as the keyword arguments of ``save_checkpoint``: ``trainer``
     (the trainer.json state), ``model``, ``optimizer`` and ``callbacks`` (arrays)."""
     model, optimizer = split_state(trainer.backend.state_dict())
+    loss_sum, count = trainer.running_totals()  # over all workers: resumable on any number
     callback_tensors: dict[str, Any] = {}
     callback_states = pack_tensors(trainer.callbacks.state_dict(), "callbacks", callback_tensors)
     info = {
         **dataclasses.asdict(trainer.state),
-        "running": {"loss_sum": trainer._running.total(), "count": trainer._running.count},
+        "running": {"loss_sum": loss_sum, "count": count},
         "lr_factor": trainer.lr_factor,
         "skipped_steps": trainer.skipped_steps,
         "schedule": trainer.schedule.to_dict(),

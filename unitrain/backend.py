@@ -42,6 +42,10 @@ class Capabilities:
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
             checkpoints use canonical names and load in other backends.
+        data_parallel: whether it trains on several workers through its framework's engine:
+            it offers ``launched_strategy()`` (the :class:`unitrain.strategy.Strategy` of
+            the launcher that started the process, or None) and ``launch_command(workers)``
+            (the launcher that starts ``workers`` local processes of a Python program).
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -49,6 +53,7 @@ class Capabilities:
     fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
+    data_parallel: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

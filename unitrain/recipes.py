@@ -63,13 +63,15 @@ def default_trainer(
     batch_size: int = 32,
     patience: int = 3,
     progress: bool | None = None,
+    strategy: Any = None,
 ) -> tuple[Trainer, ArrayLoader, tuple[np.ndarray, np.ndarray]]:
     """Build the default recipe; return the Trainer, the train loader and validation arrays.
 
     The recipe: MLP 64-128-10 (ReLU), SGD with momentum 0.9, one epoch of linear warmup to
     LR 0.1 then cosine decay to 0.001 over the remaining epochs, batch 32, early stopping on
     ``val_loss`` with patience 3, and, when ``out`` is given, checkpoints every epoch (last
-    three kept) in ``out/checkpoints`` and metrics in ``out/metrics.jsonl``.
+    three kept) in ``out/checkpoints`` and metrics in ``out/metrics.jsonl``. ``strategy``
+    spreads it over workers (see :class:`~unitrain.trainer.Trainer`).
     """
     split = load_digits(seed=0)
     train = ArrayLoader(split.x_train, split.y_train, batch_size, seed=seed)
@@ -102,5 +104,6 @@ def default_trainer(
         schedule=schedule,
         callbacks=hooks,
         config=config,
+        strategy=strategy,
     )
     return trainer, train, (split.x_val, split.y_val)

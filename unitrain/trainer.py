@@ -34,6 +34,7 @@ from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
 from unitrain.schedules import AbstractSchedule, Constant
+from unitrain.strategy import Strategy, check_splittable, reduce_sums, strategy_for
 
 __all__ = ["TrainState", "Trainer"]
 
@@ -54,6 +55,11 @@ class Trainer:
         loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
         callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
         config: a :class:`TrainerConfig`.
+        strategy: how the run is spread over workers (:mod:`unitrain.strategy`): None runs
+            on the workers of the launcher that started this process (``torchrun``, ...) or
+            on this process alone; an int N computes N workers' shares here, as N workers
+            would. With several workers every process calls ``fit`` alike; only rank 0
+            writes checkpoints, logs and the lock.
 
     Examples:
         >>> import numpy as np
@@ -76,6 +82,7 @@ class Trainer:
         loss: Any = "cross_entropy",
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
+        strategy: Strategy | int | None = None,
     ) -> None:
         self.config = config = config or TrainerConfig()
         self.model = model
@@ -100,6 +107,10 @@ class Trainer:
                 dtype=config.dtype,
             )
             self.backend = get_backend(backend)(model, options)
+        self.strategy = strategy_for(self.backend, strategy)
+        self._parallel = self.strategy.world_size > 1
+        if not self.strategy.is_main:  # progress bars and log files are rank 0's
+            callbacks = [c for c in callbacks if not getattr(c, "main_process_only", False)]
         self.callbacks = CallbackList(callbacks)
         self.state = TrainState()
         #: Whether the current fit has validation data (callbacks check their monitors by it).
@@ -111,10 +122,15 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
-        self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
+        # Workers weight their slice's loss before the engine reduces gradients, which needs
+        # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
+        fused_ok = config.grad_accum_steps == 1 and not self._parallel
+        self._fused = isinstance(self.backend, FusedStep) and fused_ok
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
-        self._multi_step = isinstance(self.backend, MultiStep) and config.steps_per_call > 1
+        self._multi_step = (
+            isinstance(self.backend, MultiStep) and config.steps_per_call > 1 and not self._parallel
+        )
         if config.steps_per_call > 1 and not self._multi_step:
             warnings.warn(
                 f"steps_per_call={config.steps_per_call}, but the {self.backend.name} backend "
@@ -163,13 +179,16 @@ class Trainer:
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
         check_run_length(self.config, self.schedule, len(source))
+        check_splittable(source, self.strategy.world_size)
         # Held until fit returns or raises: a second run on these directories is refused
-        # instead of pruning and resuming this run's checkpoints.
+        # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
         mine = [c.dirpath for c in self.callbacks.callbacks if isinstance(c, ModelCheckpoint)]
         directories = [Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]
+        directories = directories if self.strategy.is_main else []
         with locked(directories):
             for directory in directories:  # safe now: no other run writes there
                 remove_leftovers(directory)
+            self.strategy.barrier()  # the others read checkpoints once rank 0 cleaned up
             try:
                 self._fit(source, val_source, resume)
             except BaseException as error:
@@ -179,6 +198,7 @@ class Trainer:
                     error.add_note(f"also, a checkpoint save in the background failed: {failed}")
                 raise
             self._writer.wait()
+            self.strategy.barrier()  # no worker returns before the last checkpoint is durable
         return self.history
 
     def _fit(self, source: BatchSource, val_source: BatchSource | None, resume: Any) -> None:
@@ -192,6 +212,8 @@ class Trainer:
             )
         elif resume is not None:
             resumed = restore(self, resume)
+            if not self.strategy.is_main:  # the saved loss total is the sum over workers
+                self._running.reset()
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed
@@ -237,14 +259,22 @@ class Trainer:
                 before returning. Otherwise it is durable when this returns.
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
+
+        Under several workers every worker calls this (the running loss is summed over them);
+        rank 0 writes, and the others wait until it has.
         """
         state = snapshot(self)
+        if not self.strategy.is_main:
+            self.strategy.barrier()
+            return Path(path)
         if background:
-            return self._writer.save(path, then=then, **state)
-        self._writer.wait()
-        saved = save_checkpoint(path, **state)
-        if then is not None:
-            then()
+            saved = self._writer.save(path, then=then, **state)
+        else:
+            self._writer.wait()
+            saved = save_checkpoint(path, **state)
+            if then is not None:
+                then()
+        self.strategy.barrier()
         return saved
 
     # -- the loop -----------------------------------------------------------------------------
@@ -255,6 +285,7 @@ class Trainer:
             self._reset_running()
         self.callbacks.call("on_epoch_begin", self, epoch)
         one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
+        one_batch_updates = one_batch_updates and not self._parallel
         if one_batch_updates and self._device_source is not source:
             self._train_batches(source.batches(epoch, self.state.batch))
         else:
@@ -352,8 +383,15 @@ class Trainer:
             sizes = [len(batch[0]) for batch in group]
             total = sum(sizes)
             for batch, n in zip(group, sizes):
-                self._running.add(backend.forward(batch), n)
-                backend.backward(n / total)
+                shards = self.strategy.shards(batch)
+                if not shards:
+                    raise DataError(
+                        f"a batch of {n} examples leaves this worker nothing to compute on "
+                        f"{self.strategy.world_size} workers; make every batch at least that big"
+                    )
+                for shard, weight in shards:
+                    self._running.add(backend.forward(shard), len(shard[0]))
+                    backend.backward(weight * n / total)
             backend.step(lr)
         self._after_update(1, len(group), lr)
 
@@ -386,8 +424,13 @@ class Trainer:
         if skipped > self._skipped_reported:
             self._on_nonfinite(skipped - self._skipped_reported)
             self._skipped_reported = skipped
-        loss = self._running.mean()
-        return {"loss": loss, "skipped_steps": skipped}
+        total, count = self.running_totals()
+        return {"loss": total / count if count else float("nan"), "skipped_steps": skipped}
+
+    def running_totals(self) -> tuple[float, int]:
+        """The epoch's summed training loss and example count so far, over all workers."""
+        total, count = self.strategy.all_sum([self._running.total(), self._running.count])
+        return total, round(count)
 
     def _on_nonfinite(self, new: int) -> None:
         where = f"{new} update(s) up to step {self.state.step}"
@@ -406,7 +449,13 @@ class Trainer:
         """Copy the training arrays to the device once, when configured and possible."""
         if not self.config.data_on_device or self._device_source is source:
             return
-        if not isinstance(self.backend, DeviceData):
+        if self._parallel:
+            warnings.warn(
+                "data_on_device=True is a single-worker path; with several workers each one "
+                "takes its slice of every batch from the host",
+                stacklevel=3,
+            )
+        elif not isinstance(self.backend, DeviceData):
             warnings.warn(
                 f"data_on_device=True, but the {self.backend.name} backend cannot keep data on "
                 "the device; batches are sent from the host",
@@ -426,10 +475,13 @@ class Trainer:
         sums: dict[str, Any] = {}
         count = 0
         for batch in source.batches(0):
-            n = len(batch[0])
-            for key, value in self.backend.evaluate(batch).items():
-                sums[key] = sums.get(key, 0.0) + value * n
-            count += n
+            for shard, _ in self.strategy.shards(batch):  # each worker evaluates its slice
+                n = len(shard[0])
+                for key, value in self.backend.evaluate(shard).items():
+                    sums[key] = sums.get(key, 0.0) + value * n
+                count += n
+        if self._parallel:
+            sums, count = reduce_sums(self.strategy, sums, count)
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
         return {key: float(value) / count for key, value in sums.items()}

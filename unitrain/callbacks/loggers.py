@@ -27,6 +27,9 @@ class _EpochFileLogger(Callback):
     not written twice.
     """
 
+    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    main_process_only = True
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._offset = 0

@@ -21,6 +21,9 @@ class ProgressBar(Callback):
             batch jobs stay clean; True or False forces it.
     """
 
+    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    main_process_only = True
+
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._bar: Any = None

@@ -76,7 +76,10 @@ class TorchBackend:
 
     name = "torch"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
+        devices=("cpu", "gpu"),
+        dtypes=("float32", "float64", "bfloat16"),
+        fused_step=False,
+        data_parallel=True,
     )
 
     @staticmethod
@@ -110,6 +113,7 @@ class TorchBackend:
             )
         self.module.to(self.torch_device, self.dtype).train()
         self.params = dict(self.module.named_parameters())
+        self._forward_module = self.module  # DDP's wrapper when data-parallel (distribute)
         #: Parameters and persistent buffers under their state-dict names, in the module's order.
         self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
         self.loss_fn, self.classification = _loss_function(options.loss)
@@ -166,10 +170,27 @@ class TorchBackend:
         if generator is not None:
             seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
             generator.manual_seed(seed)
-        out = self.module(x)
+        out = self._forward_module(x)
         self._loss = self._compute_loss(out, y)
         self._micro_batch += 1
         return self._loss.detach()
+
+    def distribute(self, wrap: Any) -> None:
+        """Run train-mode forwards through ``wrap(module)`` (DDP), which syncs gradients."""
+        self._forward_module = wrap(self.module)
+
+    def launched_strategy(self) -> Any:
+        """DDP over the workers torchrun started, or None when it did not start this one."""
+        from unitrain.backends._torch_distributed import TorchDDP
+
+        return TorchDDP.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (torch.distributed.run)."""
+        from unitrain.backends._torch_distributed import launch_command
+
+        return launch_command(workers)
 
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""

@@ -41,6 +41,7 @@ FAMILIES = (
     "fused",
     "determinism",
     "devices",
+    "data_parallel",
 )
 
 CheckFunction = Callable[["Context"], None]

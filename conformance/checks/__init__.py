@@ -4,6 +4,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     accumulation,
     callbacks,
     checkpoints,
+    data_parallel,
     determinism,
     devices,
     early_stopping,

@@ -9,21 +9,44 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from unitrain._errors import UnitrainError
+from unitrain._errors import ConfigError, UnitrainError
 
 __all__ = ["main"]
 
 
 def _train(args: argparse.Namespace) -> int:
     from unitrain.recipes import default_trainer
-    from unitrain.registry import default_backend_name
+    from unitrain.registry import default_backend_name, get_backend
 
     backend = args.backend or default_backend_name()
+    strategy = None
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        args.backend = backend
+        cls: Any = get_backend(backend)
+        if cls.capabilities.data_parallel:
+            return _launch(cls.launch_command(args.workers), args)
+        strategy = args.workers
+        if backend != "numpy":
+            raise ConfigError(
+                f"--workers {args.workers}: the {backend} backend has no data-parallel engine "
+                "yet; use --backend torch, or numpy (which simulates the workers in one process)"
+            )
     trainer, train, val = default_trainer(
-        backend=backend, device=args.device, epochs=args.epochs, seed=args.seed, out=args.out
+        backend=backend,
+        device=args.device,
+        epochs=args.epochs,
+        seed=args.seed,
+        out=args.out,
+        strategy=strategy,
     )
-    print(f"unitrain: training the digits MLP on {backend} ({trainer.backend.device})")
+    say = print if trainer.strategy.is_main else lambda *_: None
+    where = f"{trainer.backend.device}, {trainer.strategy.world_size} worker(s)"
+    say(f"unitrain: training the digits MLP on {backend} ({where})")
     history = trainer.fit(train, val, resume=args.resume)
+    if not trainer.strategy.is_main:
+        return 0
     for row in history:
         shown = ", ".join(
             f"{k}={row[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in row
@@ -37,6 +60,24 @@ def _train(args: argparse.Namespace) -> int:
             f"checkpoints: {Path(args.out) / 'checkpoints'}"
         )
     return 0
+
+
+def _launch(launcher: list[str], args: argparse.Namespace) -> int:
+    """Start ``args.workers`` workers of this same command through the engine's launcher."""
+    import subprocess
+
+    command = [*launcher, "-m", "unitrain.cli", "train", "--backend", args.backend]
+    command += ["--device", args.device, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+    command += ["--out", args.out] + (["--resume", args.resume] if args.resume else [])
+    done = subprocess.run(command, check=False)
+    if done.returncode != 0:
+        print(
+            f"unitrain: error: a worker failed (exit {done.returncode}; the launcher's report "
+            f"above names it); run again with --resume latest to continue from the newest "
+            "valid checkpoint",
+            file=sys.stderr,
+        )
+    return done.returncode
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -120,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", default="runs/digits", help="output directory")
     train.add_argument("--resume", help="'latest' or a checkpoint path")
+    train.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="data-parallel workers on this machine, started by the engine's own launcher",
+    )
     train.set_defaults(run=_train)
     backends = commands.add_parser("backends", help="list backends, versions and devices")
     backends.set_defaults(run=_backends)

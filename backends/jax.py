@@ -53,6 +53,11 @@ from unitrain.backends._jax_compiled import (
     initial_counters,
     settings,
 )
+from unitrain.backends._jax_distributed import (
+    JaxDistributed,
+    join_launched_workers,
+    launch_command,
+)
 from unitrain.backends._jax_model import (
     JaxModel,
     as_native_model,
@@ -79,7 +84,9 @@ class JaxBackend:
     """
 
     name = "jax"
-    capabilities = Capabilities(devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True)
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True, data_parallel=True
+    )
 
     @staticmethod
     def available_devices() -> tuple[str, ...]:
@@ -88,6 +95,7 @@ class JaxBackend:
         return tuple(sorted(kinds | {"cpu"}))
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        join_launched_workers()  # before JAX computes anything, or it cannot join
         self.options = options = options or BackendOptions()
         if options.dtype != "float32":
             raise ConfigError(
@@ -136,6 +144,7 @@ class JaxBackend:
         self._data: tuple[Any, Any] | None = None
         self._lr_previous = self._lr_cached = float("nan")  # see _lr
         self._lr_device: Any = None
+        self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
     @property
     def device(self) -> str:
@@ -227,8 +236,23 @@ class JaxBackend:
         if grads is None:
             grads = jax.tree.map(jnp.zeros_like, self._state.params)
         self._grads = self._vjp = None
+        if self._reduce_gradients is not None:
+            grads = self._reduce_gradients(grads)
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
         self._micro_batch = 0
+
+    def distribute(self, reduce_gradients: Any) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
+        self._reduce_gradients = reduce_gradients
+
+    def launched_strategy(self) -> Any:
+        """jax.distributed over the launched workers, or None when not launched."""
+        return JaxDistributed.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (coordinator on 127.0.0.1)."""
+        return launch_command(workers)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call.
@@ -424,14 +448,14 @@ def _resolve_device(device: str) -> Any:
         raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
     if device != "cpu":
         try:
-            return jax.devices("gpu")[0]
+            return jax.local_devices(backend="gpu")[0]
         except RuntimeError:
             if device == "gpu":
                 raise ConfigError(
                     "device='gpu' but jax sees no GPU (install jax[cuda12] for CUDA); "
                     "use 'cpu' or 'auto'"
                 ) from None
-    return jax.devices("cpu")[0]
+    return jax.local_devices(backend="cpu")[0]  # a worker's own, under jax.distributed
 
 
 def _request_deterministic_gpu_ops() -> None:

@@ -36,9 +36,9 @@ _COORDINATOR, _RANK, _WORKERS = "UNITRAIN_JAX_COORDINATOR", "UNITRAIN_RANK", "UN
 _joined: tuple[int, int] | None = None
 
 
-def worker_environment(rank: int, workers: int, port: int) -> dict[str, str]:
+def worker_environment(rank: int, workers: int, ports: list[int]) -> dict[str, str]:
     """What worker ``rank`` of ``workers`` needs to find the coordinator (for the launcher)."""
-    return {_COORDINATOR: f"127.0.0.1:{port}", _RANK: str(rank), _WORKERS: str(workers)}
+    return {_COORDINATOR: f"127.0.0.1:{ports[0]}", _RANK: str(rank), _WORKERS: str(workers)}
 
 
 def launch_command(workers: int) -> list[str]:

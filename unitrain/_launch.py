@@ -2,8 +2,8 @@
 
 ``python -m unitrain._launch --workers N --environment pkg.mod:function -- -m module args``
 runs ``python -m module args`` N times. Each worker's environment comes from
-``function(rank, workers, port)`` (JAX's coordinator address, TensorFlow's ``TF_CONFIG``),
-with ``port`` a free local port for the engine's rendezvous; only 127.0.0.1 is used.
+``function(rank, workers, ports)`` (JAX's coordinator address, TensorFlow's ``TF_CONFIG``),
+with ``ports`` N free local ports for the engine's rendezvous; only 127.0.0.1 is used.
 
 Like torchrun, it watches every worker: when one ends with an error or is killed, the others
 are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits with status 1
@@ -23,17 +23,22 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["free_port", "main"]
+__all__ = ["free_ports", "main"]
 
 #: Seconds a stopped worker gets to exit before it is killed.
 GRACE_S = 5.0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports on 127.0.0.1 that nothing listens on now."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:  # all held open at once, so the system gives distinct ports
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _describe(code: int) -> str:
@@ -59,10 +64,10 @@ def run(program: Sequence[str], workers: int, environment: str) -> int:
     """Run ``program`` (arguments after ``python``) on ``workers`` workers; the exit status."""
     module, _, name = environment.partition(":")
     worker_environment = getattr(importlib.import_module(module), name)
-    port = free_port()
+    ports = free_ports(workers)
     started = []
     for rank in range(workers):
-        env = {**os.environ, **worker_environment(rank, workers, port)}
+        env = {**os.environ, **worker_environment(rank, workers, ports)}
         started.append(subprocess.Popen([sys.executable, *program], env=env))
     try:
         while True:

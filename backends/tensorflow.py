@@ -43,6 +43,11 @@ import tensorflow as tf  # absolute: the framework, not this module
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _tensorflow_ops as ops
+from unitrain.backends._tensorflow_distributed import (
+    TensorFlowDistributed,
+    join_launched_workers,
+    launch_command,
+)
 from unitrain.models import MLP
 from unitrain.state import check_state, split_state
 
@@ -64,7 +69,11 @@ class TensorFlowBackend:
 
     name = "tensorflow"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
+        devices=("cpu", "gpu"),
+        dtypes=tuple(_DTYPES),
+        fused_step=True,
+        bit_exact_resume=True,
+        data_parallel=True,
     )
 
     @staticmethod
@@ -73,6 +82,7 @@ class TensorFlowBackend:
         return ("cpu", "gpu") if tf.config.list_physical_devices("GPU") else ("cpu",)
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        join_launched_workers()  # MultiWorkerMirroredStrategy must come before any tensor
         self.options = options = options or BackendOptions()
         self.device_name = _resolve_device(options.device)
         if options.dtype not in _DTYPES:
@@ -115,6 +125,7 @@ class TensorFlowBackend:
         self._accumulated = False
         self._micro_batch = 0
         self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
+        self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
     @property
     def device(self) -> str:
@@ -162,9 +173,26 @@ class TensorFlowBackend:
 
     def step(self, lr: float) -> None:
         """Clip, skip on a non-finite norm, update at ``lr``, zero the buffers (one call)."""
+        if self._reduce_gradients is not None:
+            summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
+            for buffer, value in zip(self.grad_buffers, summed, strict=True):
+                buffer.assign(value)
         function = self._function(("step",), self._step_graph, (_scalar(self.dtype),))
         function(tf.constant(lr, self.dtype))
         self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def distribute(self, reduce_gradients: Any) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
+        self._reduce_gradients = reduce_gradients
+
+    def launched_strategy(self) -> Any:
+        """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
+        return TensorFlowDistributed.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
+        return launch_command(workers)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""

@@ -45,6 +45,7 @@ def _train(args: argparse.Namespace) -> int:
     where = f"{trainer.backend.device}, {trainer.strategy.world_size} worker(s)"
     say(f"unitrain: training the digits MLP on {backend} ({where})")
     history = trainer.fit(train, val, resume=args.resume)
+    final = trainer.validate(val)  # on every worker: its metrics are summed over them
     if not trainer.strategy.is_main:
         return 0
     for row in history:
@@ -52,7 +53,6 @@ def _train(args: argparse.Namespace) -> int:
             f"{k}={row[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in row
         )
         print(f"epoch {row['epoch'] + 1}: {shown}")
-    final = trainer.validate(val)
     print(f"final val_accuracy={final['val_accuracy']:.4f} val_loss={final['val_loss']:.4f}")
     if args.out:
         print(

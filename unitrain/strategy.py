@@ -25,7 +25,7 @@ their backends and are returned by a backend's ``launched_strategy()``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from unitrain._errors import ConfigError, DataError
@@ -36,9 +36,11 @@ __all__ = [
     "SingleProcess",
     "Strategy",
     "check_splittable",
+    "evaluate_over_workers",
     "reduce_sums",
     "shard_bounds",
     "strategy_for",
+    "training_shards",
 ]
 
 Batch = tuple[Any, Any]
@@ -208,6 +210,41 @@ def check_splittable(source: Any, world_size: int) -> None:
             "that share it; use drop_last=True or a batch size that leaves a last batch of at "
             "least that many examples"
         )
+
+
+def training_shards(strategy: Strategy, batch: Batch) -> list[tuple[Batch, float]]:
+    """``strategy.shards(batch)``, refusing a batch that leaves this worker no example: the
+    worker could not join the gradient reduction the others wait in."""
+    shards = strategy.shards(batch)
+    if not shards:
+        raise DataError(
+            f"a batch of {len(batch[0])} examples leaves this worker nothing to compute on "
+            f"{strategy.world_size} workers; make every batch at least that big"
+        )
+    return shards
+
+
+def evaluate_over_workers(
+    backend: Any, strategy: Strategy, batches: Iterable[Batch], label: str
+) -> dict[str, float]:
+    """Example-weighted mean metrics of ``batches``, each worker evaluating its slices.
+
+    Raises:
+        DataError: no worker saw an example.
+    """
+    sums: dict[str, Any] = {}
+    count = 0
+    for batch in batches:
+        for shard, _ in strategy.shards(batch):
+            n = len(shard[0])
+            for key, value in backend.evaluate(shard).items():
+                sums[key] = sums.get(key, 0.0) + value * n
+            count += n
+    if strategy.world_size > 1:
+        sums, count = reduce_sums(strategy, sums, count)
+    if count == 0:
+        raise DataError(f"{label} yielded no batches; pass at least one example")
+    return {key: float(value) / count for key, value in sums.items()}
 
 
 def reduce_sums(strategy: Strategy, sums: dict[str, Any], count: int) -> tuple[dict, int]:

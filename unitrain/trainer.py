@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import rng
-from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from unitrain._errors import CheckpointError, ConfigError, NonFiniteError
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
@@ -34,7 +34,13 @@ from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
 from unitrain.schedules import AbstractSchedule, Constant
-from unitrain.strategy import Strategy, check_splittable, reduce_sums, strategy_for
+from unitrain.strategy import (
+    Strategy,
+    check_splittable,
+    evaluate_over_workers,
+    strategy_for,
+    training_shards,
+)
 
 __all__ = ["TrainState", "Trainer"]
 
@@ -383,13 +389,7 @@ class Trainer:
             sizes = [len(batch[0]) for batch in group]
             total = sum(sizes)
             for batch, n in zip(group, sizes):
-                shards = self.strategy.shards(batch)
-                if not shards:
-                    raise DataError(
-                        f"a batch of {n} examples leaves this worker nothing to compute on "
-                        f"{self.strategy.world_size} workers; make every batch at least that big"
-                    )
-                for shard, weight in shards:
+                for shard, weight in training_shards(self.strategy, batch):
                     self._running.add(backend.forward(shard), len(shard[0]))
                     backend.backward(weight * n / total)
             backend.step(lr)
@@ -472,19 +472,7 @@ class Trainer:
         return metrics
 
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
-        sums: dict[str, Any] = {}
-        count = 0
-        for batch in source.batches(0):
-            for shard, _ in self.strategy.shards(batch):  # each worker evaluates its slice
-                n = len(shard[0])
-                for key, value in self.backend.evaluate(shard).items():
-                    sums[key] = sums.get(key, 0.0) + value * n
-                count += n
-        if self._parallel:
-            sums, count = reduce_sums(self.strategy, sums, count)
-        if count == 0:
-            raise DataError(f"{label} yielded no batches; pass at least one example")
-        return {key: float(value) / count for key, value in sums.items()}
+        return evaluate_over_workers(self.backend, self.strategy, source.batches(0), label)
 
     # -- data and resume ----------------------------------------------------------------------
 

@@ -28,7 +28,9 @@ from unitrain.trainer import Trainer
 
 __all__ = ["EPOCHS", "RESUME_EPOCH", "data", "experiment", "read_result", "train"]
 
-EPOCHS = 3
+#: Early stopping (patience 1, min_delta 0.05) ends the run after 3 of these epochs, so the
+#: kit sees a stopping decision taken before the last epoch.
+EPOCHS = 5
 #: Run ``b`` resumes from the checkpoint written after this many epochs.
 RESUME_EPOCH = 1
 BATCH = 15

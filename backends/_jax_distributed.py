@@ -29,7 +29,13 @@ import numpy as np
 from unitrain._errors import ConfigError
 from unitrain.strategy import shard_bounds, slice_batch
 
-__all__ = ["JaxDistributed", "join_launched_workers", "launch_command", "worker_environment"]
+__all__ = [
+    "JaxDistributed",
+    "LocalDevices",
+    "join_launched_workers",
+    "launch_command",
+    "worker_environment",
+]
 
 Batch = tuple[Any, Any]
 _COORDINATOR, _RANK, _WORKERS = "UNITRAIN_JAX_COORDINATOR", "UNITRAIN_RANK", "UNITRAIN_WORKERS"
@@ -132,3 +138,47 @@ class JaxDistributed:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("unitrain")
+
+
+class LocalDevices:
+    """One process training on several local devices through ``jax.sharding``.
+
+    The state stays replicated on every device and each batch is split over them along its
+    example axis (``NamedSharding``); jit inserts the sum of the devices' gradient shares, so
+    the update is the global batch's. To the Trainer it is one worker. On the CPU, devices
+    come from ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, set before JAX starts.
+
+    Args:
+        devices: how many local devices to use (the first ones of ``jax.local_devices()``).
+    """
+
+    world_size = 1
+    rank = 0
+    is_main = True
+
+    def __init__(self, devices: int) -> None:
+        self.devices = devices
+
+    def setup(self, backend: Any) -> None:
+        """Spread the backend's state and batches over the first ``devices`` local devices."""
+        import jax
+
+        found = jax.local_devices()
+        if len(found) < self.devices:
+            raise ConfigError(
+                f"LocalDevices({self.devices}): JAX sees {len(found)} local device(s); on the "
+                f"CPU set XLA_FLAGS=--xla_force_host_platform_device_count={self.devices} "
+                "before JAX starts"
+            )
+        backend.spread_over(found[: self.devices])
+
+    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
+        """The whole batch: the backend splits it over its devices."""
+        return [(batch, 1.0)]
+
+    def all_sum(self, values: Sequence[float]) -> list[float]:
+        """The values themselves (one process)."""
+        return [float(v) for v in values]
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""

@@ -55,6 +55,7 @@ from unitrain.backends._jax_compiled import (
 )
 from unitrain.backends._jax_distributed import (
     JaxDistributed,
+    LocalDevices,
     join_launched_workers,
     launch_command,
 )
@@ -68,7 +69,7 @@ from unitrain.backends._jax_model import (
 from unitrain.backends._jax_optim import export_slots, import_slots
 from unitrain.state import check_state, split_state
 
-__all__ = ["JaxBackend", "JaxModel"]
+__all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -104,6 +105,8 @@ class JaxBackend:
         if options.deterministic and options.device != "cpu":
             _request_deterministic_gpu_ops()
         self.jax_device = _resolve_device(options.device)
+        self._placement: Any = self.jax_device  # a replicated sharding over LocalDevices
+        self._batch_sharding: Any = None
         self.portable = _is_portable(model)
         if self.portable:
             program, params, model_state = (
@@ -157,7 +160,7 @@ class JaxBackend:
         return int(np.asarray(self._state.counters)[SKIPPED])
 
     def _put(self, value: Any) -> Any:
-        return jax.device_put(value, self.jax_device)
+        return jax.device_put(value, self._placement)
 
     def _fresh_losses(self) -> Any:
         return self._put(np.zeros(losslog.SIZE, np.float32))
@@ -176,6 +179,8 @@ class JaxBackend:
             and x.dtype is _FLOAT32  # builtin dtypes are singletons; == would coerce
             and (y.dtype.kind == "i" if self.classification else y.dtype is _FLOAT32)
         ):
+            if self._batch_sharding is not None:
+                return self._shard_batch(x, y)
             return x, y
         if not isinstance(x, jax.Array):
             x = np.asarray(x, np.float32)
@@ -185,7 +190,24 @@ class JaxBackend:
                 y = y.astype(np.int32, copy=False)
             elif np.issubdtype(y.dtype, np.floating):
                 y = y.astype(np.float32, copy=False)
-        return x, y
+        return (x, y) if self._batch_sharding is None else self._shard_batch(x, y)
+
+    def _shard_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A batch split over the local devices (replicated when it does not divide evenly)."""
+        if len(x) % self._batch_sharding.mesh.size:
+            return self._put(x), self._put(y)
+        return jax.device_put(x, self._batch_sharding), jax.device_put(y, self._batch_sharding)
+
+    def spread_over(self, devices: Any) -> None:
+        """Keep the state replicated on ``devices`` and split every batch over them (jit then
+        sums each device's share of the gradients)."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.array(devices), ("batch",))
+        self._placement = NamedSharding(mesh, PartitionSpec())
+        self._batch_sharding = NamedSharding(mesh, PartitionSpec("batch"))
+        self._state, self._settings = self._put((self._state, self._settings))
+        self._lr_previous = self._lr_cached = float("nan")
 
     def _lr(self, lr: float) -> Any:
         """``lr`` as a jit argument: a cached device scalar while it stays the same.

@@ -269,10 +269,11 @@ class Trainer:
         Under several workers every worker calls this (the running loss is summed over them);
         rank 0 writes, and the others wait until it has.
         """
-        state = snapshot(self)
         if not self.strategy.is_main:
+            self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
             self.strategy.barrier()
             return Path(path)
+        state = snapshot(self)
         if background:
             saved = self._writer.save(path, then=then, **state)
         else:

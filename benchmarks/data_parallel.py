@@ -76,7 +76,8 @@ def _checkpoint_after(out: Path, epoch: int) -> Path:
 
 
 def _descendant_with(root: int, marker: str) -> int | None:
-    """A process under ``root`` whose environment holds ``marker`` (e.g. ``RANK=1``)."""
+    """A process under ``root`` with the environment entry ``marker`` (``RANK=1``), or, for a
+    marker ending in ``=``, an entry of that name containing ``'"index": 1}'`` (TF_CONFIG)."""
     pending, seen = [root], set()
     while pending:
         pid = pending.pop()
@@ -86,10 +87,17 @@ def _descendant_with(root: int, marker: str) -> int | None:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if pid != root and marker.encode() in environ:
+        entries = [entry.decode(errors="replace") for entry in environ]
+        if pid != root and any(_matches(entry, marker) for entry in entries):
             return pid
         pending += [int(c) for c in children if int(c) not in seen]
     return None
+
+
+def _matches(entry: str, marker: str) -> bool:
+    if marker.endswith("="):
+        return entry.startswith(marker) and '"index": 1}' in entry
+    return entry == marker
 
 
 def _rank_one_marker(backend: str) -> str:
@@ -111,20 +119,13 @@ def _kill_one_worker(backend: str, out: Path) -> tuple[int, str]:
     victim = None
     while job.poll() is None and victim is None:
         if any((out / "checkpoints").glob("epoch=*")):
-            victim = _find_rank_one(job.pid, marker)
+            victim = _descendant_with(job.pid, marker)
         time.sleep(0.05)
     if victim is not None:
         os.kill(victim, signal.SIGKILL)
     _, stderr = job.communicate(timeout=300)
     lines = [line for line in stderr.splitlines() if "worker" in line or "rank" in line]
     return job.returncode, "\n".join(lines[-4:])
-
-
-def _find_rank_one(root: int, marker: str) -> int | None:
-    if marker != "TF_CONFIG=":
-        return _descendant_with(root, marker)
-    pid = _descendant_with(root, '"index": 1}')  # rank 1's TF_CONFIG ends with its index
-    return pid
 
 
 def digits(backend: str, out: Path) -> None:
@@ -156,7 +157,15 @@ def digits(backend: str, out: Path) -> None:
         else:
             report[f"{key}: relative difference to 1 worker throughout"] = _relative(resumed, one)
         report[f"{key}: ends at"] = _outcome(info)
+    kill_and_resume(backend, out, report)
+    print(json.dumps(report, indent=2))
+
+
+def kill_and_resume(backend: str, out: Path, report: dict[str, Any]) -> None:
+    """SIGKILL worker 1 of a 2-worker run, check its checkpoints, resume, compare."""
+    two, _ = _final(out / "w2")
     killed = out / "killed"
+    shutil.rmtree(killed, ignore_errors=True)
     status, message = _kill_one_worker(backend, killed)
     report["SIGKILL of worker 1: launcher status"] = status
     report["SIGKILL of worker 1: error"] = message
@@ -169,11 +178,10 @@ def digits(backend: str, out: Path) -> None:
     done = _train(backend, 2, killed, "--resume", "latest")
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    resumed, info = _final(killed)
+    resumed, _ = _final(killed)
     report["SIGKILL then --resume latest: bit-identical to uninterrupted"] = _identical(
         resumed, two
     )
-    print(json.dumps(report, indent=2))
 
 
 def _w1_worker(epochs: int) -> None:
@@ -233,13 +241,17 @@ def throughput(backend: str, epochs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("digits", "throughput", "w1-worker"))
+    parser.add_argument("what", choices=("digits", "kill", "throughput", "w1-worker"))
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--out", default="/tmp/unitrain-data-parallel")
     parser.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args()
     if args.what == "digits":
         digits(args.backend, Path(args.out) / args.backend)
+    elif args.what == "kill":  # again, on the 2-worker run of an earlier ``digits``
+        report: dict[str, Any] = {"backend": args.backend}
+        kill_and_resume(args.backend, Path(args.out) / args.backend, report)
+        print(json.dumps(report, indent=2))
     elif args.what == "throughput":
         throughput(args.backend, args.epochs)
     else:

@@ -236,7 +236,26 @@ def throughput(backend: str, epochs: int) -> None:
             raise SystemExit(done.stderr[-3000:])
         line = [row for row in done.stdout.splitlines() if row.startswith("{")][-1]
         rates[workers] = json.loads(line)["examples_per_s"]
-    print(json.dumps({"backend": backend, "W1 examples/s": rates, "speed-up": rates[2] / rates[1]}))
+    # The control: two independent one-worker runs at once, no communication. What they add
+    # up to is what this machine gives two processes; the gap to it is the engine's cost.
+    jobs = [
+        subprocess.Popen([sys.executable, *program], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    together = sum(
+        json.loads(job.communicate()[0].splitlines()[-1])["examples_per_s"] for job in jobs
+    )
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "W1 examples/s": rates,
+                "speed-up": rates[2] / rates[1],
+                "two independent 1-worker runs at once, examples/s together": together,
+                "load average at the end": os.getloadavg(),
+            }
+        )
+    )
 
 
 def main() -> None:

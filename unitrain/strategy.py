@@ -138,8 +138,9 @@ class SimulatedWorkers:
         workers: how many workers to simulate (>= 1).
 
     Examples:
-        >>> [len(x) for (x, _), w in SimulatedWorkers(2).shards((np.zeros((5, 1)), np.zeros(5)))]
-        [3, 2]
+        >>> batch = (list(range(5)), list(range(5)))
+        >>> [(x, weight) for (x, _), weight in SimulatedWorkers(2).shards(batch)]
+        [([0, 1, 2], 0.6), ([3, 4], 0.4)]
     """
 
     rank = 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,27 @@ def test_train_and_example_run_unchanged_on_every_backend(backend, tmp_path, cap
     )
     assert result.returncode == 0, result.stderr
     assert f"{backend}: val_accuracy=" in result.stdout
+
+
+def test_ctrl_c_finishes_the_save_and_prints_one_line_to_resume(tmp_path):
+    """A real SIGINT mid-training: exit 130, one line naming a valid checkpoint, no traceback."""
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "unitrain.cli", "train", "--backend", "numpy"]
+    command += ["--epochs", "500", "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    named = lines[0].split("last checkpoint ")[1].split("; resume with: ")
+    assert load_checkpoint(named[0]).trainer["step"] > 0  # the checkpoint is complete
+    assert named[0] == str(list_checkpoints(out / "checkpoints")[-1])
+    assert named[1].endswith(f"--out {out} --resume latest")

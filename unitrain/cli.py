@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,12 @@ def _train(args: argparse.Namespace) -> int:
         backend=backend, device=args.device, epochs=args.epochs, seed=args.seed, out=args.out
     )
     print(f"unitrain: training the digits MLP on {backend} ({trainer.backend.device})")
-    history = trainer.fit(train, val, resume=args.resume)
+    try:
+        history = trainer.fit(train, val, resume=args.resume)
+    except KeyboardInterrupt:
+        # fit has already waited for the save in flight, so the newest checkpoint is durable.
+        print(_interrupted_line(trainer.config.checkpoint_dir, args.argv), file=sys.stderr)
+        return 130
     for row in history:
         shown = ", ".join(
             f"{k}={row[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in row
@@ -37,6 +43,22 @@ def _train(args: argparse.Namespace) -> int:
             f"checkpoints: {Path(args.out) / 'checkpoints'}"
         )
     return 0
+
+
+def _interrupted_line(checkpoint_dir: str | None, argv: Sequence[str]) -> str:
+    """The one line printed on Ctrl-C: where training stopped and how to go on from there."""
+    from unitrain.checkpoint import list_checkpoints
+
+    checkpoints = list_checkpoints(checkpoint_dir) if checkpoint_dir else []
+    if not checkpoints:
+        return "unitrain: interrupted before the first checkpoint; run the command again to start"
+    again = list(argv)
+    if "--resume" in again:  # drop the old request: the run goes on from the newest one now
+        index = again.index("--resume")
+        del again[index : index + 2]
+    again = [a for a in again if not a.startswith("--resume=")]
+    command = shlex.join(["unitrain", *again, "--resume", "latest"])
+    return f"unitrain: interrupted; last checkpoint {checkpoints[-1]}; resume with: {command}"
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -136,12 +158,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unitrain`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     try:
         return int(args.run(args))
     except UnitrainError as error:
         print(f"unitrain: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside training (building, evaluating): nothing to resume
+        print("unitrain: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def test_train_writes_metrics_and_checkpoints_then_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--backend", "numpy", "--epochs", "3", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert {"epoch", "step", "lr", "loss", "val_loss", "val_accuracy", "seconds"} <= set(rows[0])
     assert rows[-1]["val_accuracy"] > 0.9
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())

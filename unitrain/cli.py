@@ -34,7 +34,7 @@ def _train(args: argparse.Namespace) -> int:
         shown = ", ".join(
             f"{k}={row[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in row
         )
-        print(f"epoch {row['epoch'] + 1}: {shown}")
+        print(f"epoch {row['epoch']}: {shown}")
     final = trainer.validate(val)
     print(f"final val_accuracy={final['val_accuracy']:.4f} val_loss={final['val_loss']:.4f}")
     if args.out:

@@ -111,6 +111,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
+        #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
+        self.stop_reason: str | None = None
         self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
@@ -139,6 +141,21 @@ class Trainer:
         """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
         return self._skipped_before + self.backend.skipped_steps
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch the last update belongs to, counting from 1 (0 before any update).
+
+        The one number users see: console lines, ``logs["epoch"]`` in metric files and
+        checkpoint names all use it, so a step has one name whether it is saved by step or at
+        the end of its epoch. (Hooks receive the 0-based epoch *index*, as Keras's do.)
+        """
+        return self.state.epoch + (1 if self.state.batch else 0)
+
+    def stop(self, reason: str) -> None:
+        """End training after the current update; ``reason`` says why, for the user."""
+        self.state.stop_training = True
+        self.stop_reason = reason
+
     def fit(
         self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
     ) -> list[dict[str, Any]]:
@@ -162,6 +179,7 @@ class Trainer:
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
+        self.stop_reason = None
         check_run_length(self.config, self.schedule, len(source))
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints.
@@ -265,7 +283,7 @@ class Trainer:
                     self._train_steps(kind, payload, steps, batch_size)
                 if self.state.stop_training:
                     break
-        logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
+        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
         if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
@@ -400,7 +418,7 @@ class Trainer:
             )
         if policy == "stop":
             warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
-            self.state.stop_training = True
+            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
 
     def _place_on_device(self, source: BatchSource) -> None:
         """Copy the training arrays to the device once, when configured and possible."""

@@ -260,6 +260,11 @@ class JaxBackend:
         x, y = self._arrays(batch)
         return self._fn.evaluate(self._state.params, x, y)
 
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
+        return np.asarray(self._fn.predict(self._state.params, x))
+
     # -- fast paths beyond the protocol -------------------------------------------------------
 
     def train_steps(self, batches: Batch, lrs: Any) -> jax.Array:

@@ -187,6 +187,13 @@ class NumpyBackend:
             metrics["accuracy"] = np.mean(out.argmax(axis=1) == np.asarray(y))
         return metrics
 
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode."""
+        with np.errstate(all="ignore"):
+            out = self._run(inputs, train=False)
+        self._cache = []
+        return out
+
     # -- state -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:

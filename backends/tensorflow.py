@@ -243,6 +243,11 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
+        return np.asarray(self.module(x, training=False))
+
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 
     def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:

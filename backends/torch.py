@@ -249,6 +249,13 @@ class TorchBackend:
                 metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
         return metrics
 
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x = torch.as_tensor(np.asarray(inputs)).to(self.torch_device, self.dtype)
+        self.module.eval()
+        with torch.no_grad():
+            return _to_numpy(self.module(x))
+
     # -- state -------------------------------------------------------------------------------
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor | None]:

@@ -24,6 +24,7 @@ __all__ = [
     "DeviceData",
     "FusedStep",
     "MultiStep",
+    "Predict",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -170,6 +171,15 @@ class MultiStep(Protocol):
         ``batches`` are ``k`` equal-sized batches stacked on a new leading axis; ``lrs`` the
         ``k`` learning rates, a float array.
         """
+        ...
+
+
+@runtime_checkable
+class Predict(Protocol):
+    """Optional: the model's outputs (``Trainer.predict`` and metrics need it)."""
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """Outputs for a batch of ``inputs`` in eval mode, as a host numpy array."""
         ...
 
 

@@ -23,13 +23,19 @@ from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteE
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
-from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
+from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep, Predict
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
-from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
+from unitrain.checkpoint import (
+    CheckpointWriter,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
+from unitrain.metrics import resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
@@ -54,6 +60,9 @@ class Trainer:
         loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
         callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
         config: a :class:`TrainerConfig`.
+        metrics: computed on every validation and test pass besides the loss (see
+            :mod:`unitrain.metrics`): ``Metric`` objects or built-in names such as
+            ``"top5_accuracy"``; they need a backend with ``predict``.
 
     Examples:
         >>> import numpy as np
@@ -76,6 +85,7 @@ class Trainer:
         loss: Any = "cross_entropy",
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
+        metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
         self.model = model
@@ -101,6 +111,12 @@ class Trainer:
             )
             self.backend = get_backend(backend)(model, options)
         self.callbacks = CallbackList(callbacks)
+        self.metrics = resolve_metrics(metrics)
+        if self.metrics and not isinstance(self.backend, Predict):
+            raise ConfigError(
+                f"metrics need the backend's outputs, and the {self.backend.name} backend has no "
+                "predict(inputs); drop metrics= or use a backend that offers it"
+            )
         self.state = TrainState()
         #: Whether the current fit has validation data (callbacks check their monitors by it).
         self.has_validation = False
@@ -237,6 +253,51 @@ class Trainer:
         """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
         source = self._source(data, "test_data", shuffle=False)
         return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
+
+    def predict(self, data: Any) -> np.ndarray:
+        """The model's outputs (eval mode) for ``data``, as one numpy array.
+
+        Args:
+            data: an inputs array (run in batches of ``config.batch_size``), ``(inputs,
+                targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
+                batches (targets are ignored).
+        """
+        if not isinstance(self.backend, Predict):
+            raise ConfigError(f"the {self.backend.name} backend has no predict(inputs)")
+        if isinstance(data, tuple) or not hasattr(data, "shape"):
+            source = as_batch_source(data, self.config.batch_size, 0, False, "data")
+            inputs: Iterable[Any] = (batch[0] for batch in source.batches(0))
+        else:
+            size = self.config.batch_size
+            inputs = (data[i : i + size] for i in range(0, len(data), size))
+        outputs = [np.asarray(self.backend.predict(batch)) for batch in inputs]
+        if not outputs:
+            raise DataError("predict: data holds no examples")
+        return np.concatenate(outputs)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
+
+        For inference or fine-tuning: the optimizer state, the step and the callbacks stay as
+        they are (``fit(resume=...)`` restores those too). The checkpoint may come from any
+        backend that builds the same portable model.
+
+        Raises:
+            CheckpointError: the checkpoint is damaged or holds other tensors than the model.
+        """
+        checkpoint = load_checkpoint(path)
+        state = self.backend.state_dict()
+        mine = {k.removeprefix("model.") for k in state if k.startswith("model.")}
+        if set(checkpoint.model) != mine:
+            raise CheckpointError(
+                f"{path}: its model has tensors {sorted(checkpoint.model)[:6]}..., this "
+                f"Trainer's model has {sorted(mine)[:6]}...; load a checkpoint of the same model"
+            )
+        state.update({f"model.{k}": v for k, v in checkpoint.model.items()})
+        try:
+            self.backend.load_state_dict(state)
+        except ConfigError as error:  # same names, other shapes: another model
+            raise CheckpointError(f"{path}: {error}") from None
 
     def save_checkpoint(
         self,
@@ -443,14 +504,25 @@ class Trainer:
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
         sums: dict[str, Any] = {}
         count = 0
+        totals: dict[str, list[float]] = {metric.name: [0.0, 0.0] for metric in self.metrics}
         for batch in source.batches(0):
             n = len(batch[0])
             for key, value in self.backend.evaluate(batch).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n
+            if self.metrics:
+                outputs = np.asarray(self.backend.predict(batch[0]))
+                for metric in self.metrics:
+                    batch_total, batch_items = metric.batch(outputs, np.asarray(batch[1]))
+                    totals[metric.name][0] += batch_total
+                    totals[metric.name][1] += batch_items
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
-        return {key: float(value) / count for key, value in sums.items()}
+        results = {key: float(value) / count for key, value in sums.items()}
+        for metric in self.metrics:
+            total, items = totals[metric.name]
+            results[metric.name] = metric.result(total, int(items))
+        return results
 
     # -- data and resume ----------------------------------------------------------------------
 

@@ -272,3 +272,23 @@ def test_compare_prints_each_backend_per_epoch_and_plots(other, tmp_path):
         assert spread == pytest.approx(abs(numpy_value - other_value), abs=2e-6)
         assert spread < 1e-3  # the kit's promise, on this recipe
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_kit_as_pytest_passes_from_the_repository_root():
+    """The project's own pytest settings (coverage threshold) must not fail a user's kit run."""
+    command = [sys.executable, "-m", "pytest", "--pyargs", "unitrain.conformance"]
+    command += ["--unitrain-backend", "numpy", "-n", "0", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        " passed, " in result.stdout.splitlines()[-1]
+        and "failed" not in result.stdout.splitlines()[-1]
+    )
+
+
+def test_the_readme_states_the_kits_check_count():
+    from unitrain.conformance import all_checks
+
+    readme = (ROOT / "README.md").read_text()
+    assert f"{len(all_checks())} checks in 12 families" in readme
+    assert f"each of the {len(all_checks())} checks" in readme

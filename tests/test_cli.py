@@ -292,3 +292,20 @@ def test_the_readme_states_the_kits_check_count():
     readme = (ROOT / "README.md").read_text()
     assert f"{len(all_checks())} checks in 12 families" in readme
     assert f"each of the {len(all_checks())} checks" in readme
+
+
+def test_the_tensorboard_logger_does_not_import_torch(tmp_path):
+    code = (
+        "import sys, numpy as np\n"
+        "from unitrain import Trainer, TrainerConfig, models\n"
+        "from unitrain.callbacks import TensorBoardLogger\n"
+        f"logger = TensorBoardLogger({str(tmp_path)!r})\n"
+        "trainer = Trainer(models.MLP((2, 2)), backend='numpy', callbacks=[logger],\n"
+        "                  config=TrainerConfig(epochs=1, batch_size=4))\n"
+        "trainer.fit((np.zeros((8, 2), 'float32'), np.zeros(8, 'int64')))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    assert "epoch/loss" in _scalars(tmp_path)

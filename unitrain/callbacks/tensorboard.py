@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,19 +36,15 @@ class TensorBoardLogger(Callback):
     """
 
     def __init__(self, log_dir: str | Path) -> None:
-        try:
-            import tensorboardX  # noqa: F401  (checked here, so a recipe fails before training)
-        except ImportError:
+        if importlib.util.find_spec("tensorboardX") is None:  # found now, imported when used
             raise MissingFrameworkError(
                 "TensorBoardLogger needs tensorboardX: pip install 'unitrain[tensorboard]'"
-            ) from None
+            )
         self.log_dir = Path(log_dir)
         self._writer: Any = None
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        from tensorboardX import SummaryWriter
-
-        self._writer = SummaryWriter(str(self.log_dir), flush_secs=30)
+        self._writer = _summary_writer()(str(self.log_dir), flush_secs=30)
 
     def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
         if "loss" in logs and self._writer is not None:  # a logging point: the loss is read
@@ -65,3 +63,22 @@ class TensorBoardLogger(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _summary_writer() -> Any:
+    """tensorboardX's ``SummaryWriter``, imported without importing torch.
+
+    tensorboardX imports torch whenever it is installed, only to accept torch tensors as
+    values; this logger passes floats, so a JAX, TensorFlow or numpy run would load torch
+    (seconds, and a second framework in the process) for nothing. While tensorboardX is
+    imported, ``import torch`` fails as if torch were absent, which tensorboardX handles.
+    """
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter

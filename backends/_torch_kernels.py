@@ -26,7 +26,7 @@ __all__ = ["build_optimizer", "finite_check", "optimizer_kernel"]
 
 #: Kernels in order of preference; "plain" always exists and is the reference.
 _KERNELS = ("fused", "foreach", "plain")
-_KERNEL_ARGUMENTS: dict[str, dict[str, bool]] = {
+_KERNEL_ARGUMENTS: dict[str, dict[str, Any]] = {
     "fused": {"fused": True},
     "foreach": {"foreach": True},
     "plain": {"foreach": False},
@@ -36,7 +36,7 @@ _UNSUPPORTED = (RuntimeError, NotImplementedError, TypeError, ValueError)
 
 
 def build_optimizer(
-    kind: type[torch.optim.Optimizer], params: list[torch.nn.Parameter], settings: dict[str, Any]
+    kind: Any, params: list[torch.nn.Parameter], settings: dict[str, Any]
 ) -> torch.optim.Optimizer:
     """``kind(params, lr=0.0, **settings)`` on the fastest kernel that computes correctly here.
 
@@ -52,7 +52,7 @@ def build_optimizer(
 
 @functools.cache
 def optimizer_kernel(
-    kind: type[torch.optim.Optimizer],
+    kind: Any,
     settings: tuple[tuple[str, Any], ...],
     device: torch.device,
     dtype: torch.dtype,
@@ -78,7 +78,7 @@ def _probe_tensors(device: torch.device, dtype: torch.dtype) -> list[torch.Tenso
 
 
 def _probe_updates(
-    kind: type[torch.optim.Optimizer],
+    kind: Any,
     settings: dict[str, Any],
     device: torch.device,
     dtype: torch.dtype,

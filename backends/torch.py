@@ -306,7 +306,7 @@ class TorchBackend:
         self._step = int(opt.pop("step"))
         with torch.no_grad():
             for name, tensor in self.tensors.items():
-                tensor.copy_(torch.from_numpy(np.require(model[name], requirements="CW")))
+                tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
         spec = self.options.optimizer
         device_tensor = lambda a: torch.from_numpy(np.array(a)).to(self.torch_device, self.dtype)  # noqa: E731
         if isinstance(spec, optim.AdamW):

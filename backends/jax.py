@@ -277,7 +277,7 @@ class JaxBackend:
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode, on the host."""
         x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
-        return np.asarray(self._fn.predict(self._state.params, x))
+        return np.asarray(self._fn.predict(self._state.params, self._state.model_state, x))
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 

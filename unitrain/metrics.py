@@ -29,6 +29,7 @@ __all__ = [
     "FunctionMetric",
     "MeanSquaredError",
     "Metric",
+    "MetricTotals",
     "Perplexity",
     "TopKAccuracy",
     "metric_from_dict",
@@ -204,6 +205,28 @@ def metric_from_dict(data: dict[str, Any]) -> Metric:
         return _TYPES[kind](**fields)
     except TypeError as error:
         raise ConfigError(f"bad fields for metric {kind!r}: {error}") from None
+
+
+class MetricTotals:
+    """Adds up metrics' batch results over one pass; :meth:`results` gives their values."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+        self.totals = {metric.name: (0.0, 0) for metric in metrics}
+
+    def add(self, outputs: Any, targets: Any) -> None:
+        """Count one batch of model outputs against its targets."""
+        outputs, targets = np.asarray(outputs), np.asarray(targets)
+        for metric in self.metrics:
+            total, count = metric.batch(outputs, targets)
+            before = self.totals[metric.name]
+            self.totals[metric.name] = (before[0] + total, before[1] + count)
+
+    def results(self) -> dict[str, float]:
+        """Each metric's value over the batches added."""
+        return {
+            m.name: m.result(*self.totals[m.name]) for m in self.metrics if self.totals[m.name][1]
+        }
 
 
 def resolve_metrics(specs: Any) -> list[Metric]:

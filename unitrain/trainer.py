@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import rng
+from unitrain import _inference, rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
@@ -26,16 +26,11 @@ from unitrain._running import RunningLoss
 from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep, Predict
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
-from unitrain.checkpoint import (
-    CheckpointWriter,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
+from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
 from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
-from unitrain.metrics import resolve_metrics
+from unitrain.metrics import MetricTotals, resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
@@ -262,18 +257,7 @@ class Trainer:
                 targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
                 batches (targets are ignored).
         """
-        if not isinstance(self.backend, Predict):
-            raise ConfigError(f"the {self.backend.name} backend has no predict(inputs)")
-        if isinstance(data, tuple) or not hasattr(data, "shape"):
-            source = as_batch_source(data, self.config.batch_size, 0, False, "data")
-            inputs: Iterable[Any] = (batch[0] for batch in source.batches(0))
-        else:
-            size = self.config.batch_size
-            inputs = (data[i : i + size] for i in range(0, len(data), size))
-        outputs = [np.asarray(self.backend.predict(batch)) for batch in inputs]
-        if not outputs:
-            raise DataError("predict: data holds no examples")
-        return np.concatenate(outputs)
+        return _inference.predict(self.backend, data, self.config.batch_size)
 
     def load_weights(self, path: str | Path) -> None:
         """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
@@ -285,19 +269,7 @@ class Trainer:
         Raises:
             CheckpointError: the checkpoint is damaged or holds other tensors than the model.
         """
-        checkpoint = load_checkpoint(path)
-        state = self.backend.state_dict()
-        mine = {k.removeprefix("model.") for k in state if k.startswith("model.")}
-        if set(checkpoint.model) != mine:
-            raise CheckpointError(
-                f"{path}: its model has tensors {sorted(checkpoint.model)[:6]}..., this "
-                f"Trainer's model has {sorted(mine)[:6]}...; load a checkpoint of the same model"
-            )
-        state.update({f"model.{k}": v for k, v in checkpoint.model.items()})
-        try:
-            self.backend.load_state_dict(state)
-        except ConfigError as error:  # same names, other shapes: another model
-            raise CheckpointError(f"{path}: {error}") from None
+        _inference.load_weights(self.backend, path)
 
     def save_checkpoint(
         self,
@@ -504,25 +476,17 @@ class Trainer:
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
         sums: dict[str, Any] = {}
         count = 0
-        totals: dict[str, list[float]] = {metric.name: [0.0, 0.0] for metric in self.metrics}
+        totals = MetricTotals(self.metrics)
         for batch in source.batches(0):
             n = len(batch[0])
             for key, value in self.backend.evaluate(batch).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n
             if self.metrics:
-                outputs = np.asarray(self.backend.predict(batch[0]))
-                for metric in self.metrics:
-                    batch_total, batch_items = metric.batch(outputs, np.asarray(batch[1]))
-                    totals[metric.name][0] += batch_total
-                    totals[metric.name][1] += batch_items
+                totals.add(self.backend.predict(batch[0]), batch[1])
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
-        results = {key: float(value) / count for key, value in sums.items()}
-        for metric in self.metrics:
-            total, items = totals[metric.name]
-            results[metric.name] = metric.result(total, int(items))
-        return results
+        return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}
 
     # -- data and resume ----------------------------------------------------------------------
 

@@ -309,3 +309,30 @@ def test_the_tensorboard_logger_does_not_import_torch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
     assert "epoch/loss" in _scalars(tmp_path)
+
+
+def test_a_python_recipe_with_a_native_model_and_its_own_logger_trains(tmp_path, capsys):
+    pytest.importorskip("torch")
+    recipe = tmp_path / "native.py"
+    recipe.write_text(
+        "import numpy as np\n"
+        "import torch\n"
+        "from unitrain import callbacks\n"
+        "from unitrain.recipe import Recipe\n"
+        "\n"
+        "def recipe():\n"
+        "    x = np.random.default_rng(0).normal(size=(64, 4)).astype('float32')\n"
+        "    y = (x[:, 0] > 0).astype('int64')\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), "
+        "torch.nn.Linear(8, 2))\n"
+        f"    logger = callbacks.JSONLLogger({str(tmp_path / 'mine.jsonl')!r})\n"
+        "    return Recipe(model=model, data=((x, y), (x, y)), callbacks=[logger])\n"
+    )
+    out = tmp_path / "run"
+    assert (
+        main(["train", str(recipe), "--backend", "torch", "--epochs", "2", "--out", str(out)]) == 0
+    )
+    assert "training native on torch" in capsys.readouterr().out
+    assert len((tmp_path / "mine.jsonl").read_text().splitlines()) == 2  # the recipe's logger
+    assert not (out / "metrics.jsonl").exists()
+    assert [p.name for p in list_checkpoints(out / "checkpoints")][-1] == "epoch=0002-step=000004"

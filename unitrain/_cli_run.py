@@ -79,9 +79,10 @@ def train(args: argparse.Namespace) -> int:
     with contextlib.suppress(MissingFrameworkError):  # TensorBoard files: a bonus, not a need
         loggers.append(cb.TensorBoardLogger(out / "tensorboard"))
     if not args.quiet:
-        loggers.append(cb.ProgressBar())  # draws only on a terminal
-    if not any(isinstance(c, cb.ModelCheckpoint) for c in recipe.callbacks):
-        loggers.append(cb.ModelCheckpoint(every_n_epochs=1, keep_last=3))
+        loggers.append(cb.ProgressBar(leave=False))  # on a terminal only; epoch lines stay
+    loggers.append(cb.ModelCheckpoint(every_n_epochs=1, keep_last=3))
+    # A recipe's own logger or checkpointing wins over the command line's of the same kind.
+    loggers = [c for c in loggers if not any(type(r) is type(c) for r in recipe.callbacks)]
     settings: dict[str, Any] = {"checkpoint_dir": str(out / "checkpoints")}
     if args.device:
         settings["device"] = args.device

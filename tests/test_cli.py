@@ -254,6 +254,8 @@ def test_tensorflow_start_up_lines_are_hidden(backend, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "oneDNN" not in result.stderr and "cpu_feature_guard" not in result.stderr
     assert result.stderr == "", result.stderr
+    listing = _run("backends")  # lists TensorFlow's devices, so imports it
+    assert listing.returncode == 0 and listing.stderr == "", listing.stderr
 
 
 @pytest.mark.parametrize("other", backends("torch"))

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from unitrain._cli_run import quiet_framework_import
 from unitrain._errors import CheckpointError, UnitrainError
 
 __all__ = ["main"]
@@ -25,6 +26,7 @@ def _backends(args: argparse.Namespace) -> int:
     from unitrain.registry import get_backend, list_backends
 
     def devices_of(name: str) -> str:
+        quiet_framework_import(name)
         cls: Any = get_backend(name)
         found = cls.available_devices() if hasattr(cls, "available_devices") else None
         return ", ".join(found or cls.capabilities.devices)
@@ -127,6 +129,10 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _conformance(args: argparse.Namespace) -> int:
     from unitrain.conformance.cli import main as conformance_main
+    from unitrain.registry import default_backend_name
+
+    if not args.list:
+        quiet_framework_import(args.backend or default_backend_name())
 
     return conformance_main(args)
 

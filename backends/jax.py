@@ -279,6 +279,14 @@ class JaxBackend:
         x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
         return np.asarray(self._fn.predict(self._state.params, self._state.model_state, x))
 
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = jnp
+
+    def outputs(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        """Eval-mode outputs and the targets as device arrays, for metrics."""
+        x, y = self._arrays(batch)
+        return self._fn.predict(self._state.params, self._state.model_state, x), self._put(y)
+
     # -- fast paths beyond the protocol -------------------------------------------------------
 
     def train_steps(self, batches: Batch, lrs: Any) -> jax.Array:

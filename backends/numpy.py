@@ -194,6 +194,13 @@ class NumpyBackend:
         self._cache = []
         return out
 
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = np
+
+    def outputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """Eval-mode outputs and the targets, for metrics."""
+        return self.predict(batch[0]), np.asarray(batch[1])
+
     # -- state -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:

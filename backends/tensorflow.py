@@ -39,6 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF 
 
 import numpy as np
 import tensorflow as tf  # absolute: the framework, not this module
+import tensorflow.experimental.numpy as tnp
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
@@ -247,6 +248,14 @@ class TensorFlowBackend:
         """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
         x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
         return np.asarray(self.module(x, training=False))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = tnp
+
+    def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
+        x, y = self._tensors(batch)
+        return self.module(x, training=False), y
 
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 

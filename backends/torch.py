@@ -71,6 +71,24 @@ class TorchMLP(nn.Module):
         return x
 
 
+class _ArrayOps:
+    """The numpy-style functions metrics use, on tensors (torch names them differently)."""
+
+    exp, log, reshape = torch.exp, torch.log, torch.reshape
+
+    @staticmethod
+    def sum(a: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+        return torch.sum(a) if axis is None else torch.sum(a, dim=axis)
+
+    @staticmethod
+    def max(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
+        return torch.amax(a, dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def take_along_axis(a: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.take_along_dim(a, indices, dim=axis)
+
+
 class TorchBackend:
     """PyTorch implementation of the :class:`unitrain.backend.Backend` protocol."""
 
@@ -261,6 +279,16 @@ class TorchBackend:
         self.module.eval()
         with torch.no_grad():
             return _to_numpy(self.module(x))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = _ArrayOps
+
+    def outputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval-mode outputs and the targets as tensors on the device, for metrics."""
+        x, y = self._tensors(batch)
+        self.module.eval()
+        with torch.no_grad():
+            return self.module(x), y
 
     # -- state -------------------------------------------------------------------------------
 

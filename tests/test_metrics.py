@@ -50,7 +50,9 @@ def test_metric_specs_are_checked():
     with pytest.raises(ConfigError, match="share a name"):
         resolve_metrics(["accuracy", TopKAccuracy(1)])
     with pytest.raises(DataError, match=r"outside 0\.\.2"):
-        TopKAccuracy(1).batch(OUTPUTS, np.array([0, 1, 2, 3]))
+        TopKAccuracy(1).check(OUTPUTS.shape, np.array([0, 1, 2, 3]))
+    with pytest.raises(DataError, match=r"outputs \(4, 3\) and targets \(3,\)"):
+        Perplexity().check((2, 2, 3), np.zeros(3, np.int64))
 
 
 def _trainer(backend: str, **settings) -> Trainer:
@@ -135,3 +137,18 @@ def test_export_refuses_what_it_cannot_do():
     trainer = _trainer("numpy")
     with pytest.raises(ConfigError, match="unknown framework 'onnx'"):
         export_weights(trainer, "onnx")
+
+
+@pytest.mark.parametrize("backend", backends("torch", "jax", "tensorflow"))
+def test_metrics_run_on_the_device_and_are_read_back_once_per_pass(backend, monkeypatch):
+    data = load_digits()
+    trainer = Trainer(
+        models.MLP((64, 16, 10)), backend=backend, metrics=["top3_accuracy", "perplexity"]
+    )
+
+    def no_host_outputs(inputs):
+        raise AssertionError("metrics must not copy the outputs to the host")
+
+    monkeypatch.setattr(trainer.backend, "predict", no_host_outputs)
+    totals = trainer.validate((data.x_val, data.y_val))
+    assert 0 <= totals["val_top3_accuracy"] <= 1 and totals["val_perplexity"] > 1

@@ -22,6 +22,7 @@ __all__ = [
     "Batch",
     "Capabilities",
     "DeviceData",
+    "DeviceOutputs",
     "FusedStep",
     "MultiStep",
     "Predict",
@@ -180,6 +181,19 @@ class Predict(Protocol):
 
     def predict(self, inputs: Any) -> np.ndarray:
         """Outputs for a batch of ``inputs`` in eval mode, as a host numpy array."""
+        ...
+
+
+@runtime_checkable
+class DeviceOutputs(Protocol):
+    """Optional: outputs left on the device, so metrics run there (:mod:`unitrain.metrics`)."""
+
+    #: numpy-style functions on the framework's arrays: ``sum``, ``max``, ``exp``, ``log``,
+    #: ``reshape``, ``take_along_axis`` (numpy, ``jax.numpy``, ``tf.experimental.numpy``).
+    array_ops: Any
+
+    def outputs(self, batch: Batch) -> tuple[Any, Any]:
+        """Eval-mode outputs for ``batch`` and its targets, as arrays on the device."""
         ...
 
 

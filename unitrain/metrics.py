@@ -2,8 +2,12 @@
 
 A metric turns a batch of model outputs and targets into a *sum* and a *count*; the Trainer
 adds those up over a validation or test pass and calls :meth:`Metric.result` once at the end,
-so a metric of a whole pass is exact whatever the batch sizes. Metrics are computed where the
-loss is, at validation and test time only: training steps never pay for them.
+so a metric of a whole pass is exact whatever the batch sizes. Built-in metrics are written
+against a numpy-style array namespace ``xp`` (numpy, ``jax.numpy``, TensorFlow's numpy, a thin
+torch adapter) that a backend offers with its ``outputs`` (see
+:class:`unitrain.backend.DeviceOutputs`): they run on the backend's device, their sums stay
+there, and each is read back once per pass. They run at validation and test time only:
+training steps never pay for them. Targets are checked on the host, where they come from.
 
 Pass them as ``Trainer(..., metrics=[...])``: a :class:`Metric`, a built-in's name
 (``"accuracy"``, ``"top5_accuracy"``, ``"mse"``, ``"perplexity"``), or any function
@@ -43,9 +47,21 @@ class Metric(abc.ABC):
     #: The name logged (with ``val_`` or ``test_`` in front).
     name: str
 
+    #: Whether ``batch`` needs numpy arrays (user functions) rather than any ``xp``'s arrays.
+    host = False
+
     @abc.abstractmethod
-    def batch(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """Return ``(sum, count)`` for one batch; the pass's value is ``result(sums, counts)``."""
+    def batch(self, outputs: Any, targets: Any, xp: Any = np) -> tuple[Any, int]:
+        """Return ``(sum, count)`` for one batch, computed with the array namespace ``xp``.
+
+        The pass's value is ``result(sums, counts)``; ``sum`` may stay a device scalar.
+        """
+
+    def check(self, shape: tuple[int, ...], targets: np.ndarray) -> None:  # noqa: B027
+        """Refuse outputs of ``shape`` and host ``targets`` this metric cannot score.
+
+        Called on the host before :meth:`batch`; a user metric may leave it as it is.
+        """
 
     def result(self, total: float, count: int) -> float:
         """The metric of a whole pass from its summed ``batch`` results (a mean by default)."""
@@ -70,8 +86,9 @@ class FunctionMetric(Metric):
 
     name: str
     fn: Callable[[np.ndarray, np.ndarray], float]
+    host = True
 
-    def batch(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+    def batch(self, outputs: Any, targets: Any, xp: Any = np) -> tuple[Any, int]:
         return float(self.fn(outputs, targets)) * len(outputs), len(outputs)
 
 
@@ -80,10 +97,12 @@ class TopKAccuracy(Metric):
     """Share of examples whose target is among the ``k`` highest outputs (logits ``(N, C)``).
 
     Examples:
-        >>> TopKAccuracy(2).batch(np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]), np.array([1, 2]))
-        (1.0, 2)
-        >>> TopKAccuracy(1).batch(np.array([[1.0, 1.0]]), np.array([0]))  # a tie is a miss
-        (0.0, 1)
+        >>> outputs = np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
+        >>> hits, count = TopKAccuracy(2).batch(outputs, np.array([1, 2]))
+        >>> int(hits), count
+        (1, 2)
+        >>> int(TopKAccuracy(1).batch(np.array([[1.0, 1.0]]), np.array([0]))[0])  # a tie: a miss
+        0
     """
 
     k: int = 5
@@ -97,13 +116,15 @@ class TopKAccuracy(Metric):
     def name(self) -> str:  # type: ignore[override]
         return "accuracy" if self.k == 1 else f"top{self.k}_accuracy"
 
-    def batch(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        outputs, targets = _classes(self.name, outputs, targets)
+    def check(self, shape: tuple[int, ...], targets: np.ndarray) -> None:
+        _check_classes(self.name, shape, targets)
+
+    def batch(self, outputs: Any, targets: Any, xp: Any = np) -> tuple[Any, int]:
         k = min(self.k, outputs.shape[1])
-        target_score = np.take_along_axis(outputs, targets[:, None], axis=1)
+        target_score = xp.take_along_axis(outputs, targets[:, None], axis=1)
         # Ties count against the target, so a constant output never scores 100%.
-        rank = (outputs >= target_score).sum(axis=1) - 1
-        return float((rank < k).sum()), len(targets)
+        rank = xp.sum(outputs >= target_score, axis=1) - 1
+        return xp.sum(rank < k), outputs.shape[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.kind, "k": self.k}
@@ -127,10 +148,13 @@ class MeanSquaredError(Metric):
     name: str = dataclasses.field(default="mse", init=False)
     kind: ClassVar[str] = "mse"
 
-    def batch(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        outputs = np.asarray(outputs, np.float64)
-        diff = outputs - np.asarray(targets, np.float64).reshape(outputs.shape)
-        return float((diff * diff).sum()), diff.size
+    def check(self, shape: tuple[int, ...], targets: np.ndarray) -> None:
+        if math.prod(shape) != targets.size:
+            raise DataError(f"metric 'mse': outputs {shape} and targets {targets.shape} differ")
+
+    def batch(self, outputs: Any, targets: Any, xp: Any = np) -> tuple[Any, int]:
+        diff = outputs - xp.reshape(targets, outputs.shape)
+        return xp.sum(diff * diff), math.prod(outputs.shape)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.kind}
@@ -152,14 +176,16 @@ class Perplexity(Metric):
     name: str = dataclasses.field(default="perplexity", init=False)
     kind: ClassVar[str] = "perplexity"
 
-    def batch(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        logits = np.asarray(outputs, np.float64)
-        logits = logits.reshape(-1, logits.shape[-1])
-        outputs_2d, tokens = _classes(self.name, logits, np.asarray(targets).reshape(-1))
-        shifted = outputs_2d - outputs_2d.max(axis=1, keepdims=True)
-        log_z = np.log(np.exp(shifted).sum(axis=1))
-        picked = np.take_along_axis(shifted, tokens[:, None], axis=1)[:, 0]
-        return float((log_z - picked).sum()), len(tokens)
+    def check(self, shape: tuple[int, ...], targets: np.ndarray) -> None:
+        _check_classes(self.name, (math.prod(shape[:-1]), shape[-1]), targets.reshape(-1))
+
+    def batch(self, outputs: Any, targets: Any, xp: Any = np) -> tuple[Any, int]:
+        logits = xp.reshape(outputs, (-1, outputs.shape[-1]))
+        tokens = xp.reshape(targets, (-1,))
+        shifted = logits - xp.max(logits, axis=1, keepdims=True)
+        log_z = xp.log(xp.sum(xp.exp(shifted), axis=1))
+        picked = xp.take_along_axis(shifted, tokens[:, None], axis=1)[:, 0]
+        return xp.sum(log_z - picked), logits.shape[0]
 
     def result(self, total: float, count: int) -> float:
         return math.exp(total / count)
@@ -168,18 +194,16 @@ class Perplexity(Metric):
         return {"type": self.kind}
 
 
-def _classes(name: str, outputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, Any]:
-    outputs, targets = np.asarray(outputs), np.asarray(targets)
-    if outputs.ndim != 2 or targets.shape != outputs.shape[:1]:
+def _check_classes(name: str, shape: tuple[int, ...], targets: np.ndarray) -> None:
+    if len(shape) != 2 or targets.shape != tuple(shape[:1]):
         raise DataError(
             f"metric {name!r} needs outputs (N, classes) and integer targets (N,), got "
-            f"outputs {outputs.shape} and targets {targets.shape}"
+            f"outputs {tuple(shape)} and targets {targets.shape}"
         )
     if not np.issubdtype(targets.dtype, np.integer):
         raise DataError(f"metric {name!r} needs integer class targets, got {targets.dtype}")
-    if targets.size and (targets.min() < 0 or targets.max() >= outputs.shape[1]):
-        raise DataError(f"metric {name!r}: a target is outside 0..{outputs.shape[1] - 1}")
-    return outputs, targets.astype(np.int64)
+    if targets.size and (targets.min() < 0 or targets.max() >= shape[1]):
+        raise DataError(f"metric {name!r}: a target is outside 0..{shape[1] - 1}")
 
 
 _TYPES: dict[str, type[Metric]] = {
@@ -212,20 +236,29 @@ class MetricTotals:
 
     def __init__(self, metrics: list[Metric]) -> None:
         self.metrics = metrics
-        self.totals = {metric.name: (0.0, 0) for metric in metrics}
+        self.totals: dict[str, tuple[Any, int]] = {}
 
-    def add(self, outputs: Any, targets: Any) -> None:
-        """Count one batch of model outputs against its targets."""
-        outputs, targets = np.asarray(outputs), np.asarray(targets)
+    def add(self, outputs: Any, targets: Any, host_targets: Any, xp: Any = np) -> None:
+        """Count one batch: model ``outputs`` and ``targets`` as arrays of ``xp`` (on the
+        device), ``host_targets`` the same targets on the host (checked there, no sync)."""
+        host_targets = np.asarray(host_targets)
         for metric in self.metrics:
-            total, count = metric.batch(outputs, targets)
-            before = self.totals[metric.name]
-            self.totals[metric.name] = (before[0] + total, before[1] + count)
+            metric.check(tuple(outputs.shape), host_targets)
+            if metric.host:
+                total, count = metric.batch(np.asarray(outputs), host_targets)
+            else:
+                total, count = metric.batch(outputs, targets, xp)
+            before = self.totals.get(metric.name)
+            self.totals[metric.name] = (
+                (total, count) if before is None else (before[0] + total, before[1] + count)
+            )
 
     def results(self) -> dict[str, float]:
-        """Each metric's value over the batches added."""
+        """Each metric's value over the batches added: the one read back from the device."""
         return {
-            m.name: m.result(*self.totals[m.name]) for m in self.metrics if self.totals[m.name][1]
+            m.name: m.result(float(self.totals[m.name][0]), self.totals[m.name][1])
+            for m in self.metrics
+            if m.name in self.totals
         }
 
 

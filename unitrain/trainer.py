@@ -23,7 +23,15 @@ from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteE
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
-from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep, Predict
+from unitrain.backend import (
+    Backend,
+    BackendOptions,
+    DeviceData,
+    DeviceOutputs,
+    FusedStep,
+    MultiStep,
+    Predict,
+)
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
@@ -482,8 +490,11 @@ class Trainer:
             for key, value in self.backend.evaluate(batch).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n
-            if self.metrics:
-                totals.add(self.backend.predict(batch[0]), batch[1])
+            if self.metrics and isinstance(self.backend, DeviceOutputs):
+                outputs, targets = self.backend.outputs(batch)  # stay on the device
+                totals.add(outputs, targets, batch[1], self.backend.array_ops)
+            elif self.metrics:
+                totals.add(self.backend.predict(batch[0]), batch[1], batch[1])
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
         return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}

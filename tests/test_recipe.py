@@ -125,3 +125,12 @@ def test_a_recipe_builds_a_trainer_that_trains():
     history = trainer.fit(*recipe.load_data())
     assert isinstance(trainer.optimizer, optim.SGD) and len(history) == 1
     assert history[0]["val_accuracy"] > 0.8
+
+
+def test_a_recipe_that_takes_the_config_sizes_its_schedule_to_the_epochs_set():
+    three = load_recipe("digits", ["config.epochs=3", "optimizer.momentum=0.5"])
+    assert three.config.epochs == 3 and three.optimizer.momentum == 0.5
+    assert three.schedule.warmup_steps == 45 and three.schedule.schedule.decay_steps == 2 * 45
+    assert three.schedule(3 * 45) == pytest.approx(1e-3)  # fully decayed as the run ends
+    toml = load_recipe(ROOT / "examples" / "recipes" / "digits.toml", ["config.epochs=3"])
+    assert toml.schedule.schedule.decay_steps == 9 * 45  # data: as written in the file

@@ -56,14 +56,14 @@ def quiet_framework_import(backend: str) -> None:
 
 
 def _recipe(args: argparse.Namespace) -> Any:
-    from unitrain.recipe import apply_overrides, load_recipe
+    from unitrain.recipe import load_recipe
 
     assignments = list(args.set or [])
     if args.epochs is not None:
         assignments.insert(0, f"config.epochs={args.epochs}")
     if args.seed is not None:
         assignments.insert(0, f"config.seed={args.seed}")
-    return apply_overrides(load_recipe(args.recipe), assignments)
+    return load_recipe(args.recipe, assignments)
 
 
 def train(args: argparse.Namespace) -> int:

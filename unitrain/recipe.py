@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +107,22 @@ class Recipe:
         return loaded
 
 
-def load_recipe(spec: str | Path) -> Recipe:
+def load_recipe(spec: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Read a recipe: a ``.py`` file with ``recipe()``, a ``.toml`` file, or a built-in name.
+
+    Args:
+        spec: the file, or the name of a built-in recipe (``"digits"``).
+        overrides: ``section.key=value`` assignments, applied as :func:`apply_overrides`
+            does. A Python ``recipe(config)`` that takes a config is called with the
+            overridden one, so what it derives from the config (a schedule sized to
+            ``config.epochs``) follows ``--set config.epochs=3``.
 
     Raises:
         ConfigError: the file is missing, has no ``recipe()``, or describes something unknown.
     """
     if str(spec) in BUILT_IN:
-        return _called(importlib.import_module(BUILT_IN[str(spec)]), str(spec))
+        module = importlib.import_module(BUILT_IN[str(spec)])
+        return apply_overrides(_called(module, str(spec), overrides), list(overrides))
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(
@@ -129,19 +139,22 @@ def load_recipe(spec: str | Path) -> Recipe:
         module = importlib.util.module_from_spec(loader)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up here
         loader.loader.exec_module(module)
-        recipe = _called(module, str(path))
+        recipe = _called(module, str(path), overrides)
     else:
         raise ConfigError(f"{path}: a recipe file ends in .py or .toml")
     if recipe.name == "recipe":
         recipe.name = path.stem
-    return recipe
+    return apply_overrides(recipe, list(overrides))
 
 
-def _called(module: Any, label: str) -> Recipe:
+def _called(module: Any, label: str, overrides: Sequence[str]) -> Recipe:
     make = getattr(module, "recipe", None)
     if not callable(make):
         raise ConfigError(f"{label}: a Python recipe defines recipe() returning a Recipe")
     recipe = make()
+    if "config" in inspect.signature(make).parameters:
+        config_only = [o for o in overrides if o.strip().startswith("config.")]
+        recipe = make(config=apply_overrides(recipe, config_only).config)
     if not isinstance(recipe, Recipe):
         raise ConfigError(
             f"{label}: recipe() must return unitrain.recipe.Recipe, got {type(recipe).__name__}"

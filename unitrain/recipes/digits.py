@@ -15,12 +15,15 @@ from unitrain.recipe import Recipe
 from unitrain.recipes import Digits
 
 
-def recipe() -> Recipe:
-    """MLP 64-128-10 (ReLU), SGD momentum 0.9, batch 32, 10 epochs, checkpoint every epoch."""
+def recipe(config: TrainerConfig | None = None) -> Recipe:
+    """MLP 64-128-10 (ReLU), SGD momentum 0.9, batch 32, 10 epochs, checkpoint every epoch.
+
+    Given a config (``--set config.epochs=3``), the schedule is sized to its epochs.
+    """
     data = Digits()
-    config = TrainerConfig(epochs=10, batch_size=32, log_every_n_steps=12)
+    config = config or TrainerConfig(epochs=10, batch_size=32, log_every_n_steps=12)
     steps_per_epoch = math.ceil(data.train_size / config.batch_size)
-    decay_steps = steps_per_epoch * (config.epochs - 1)  # the epochs after the warmup
+    decay_steps = max(steps_per_epoch * (config.epochs - 1), 1)  # the epochs after the warmup
     return Recipe(
         name="digits",
         model=MLP((64, 128, 10)),

@@ -36,6 +36,7 @@ FAMILIES = (
     "early_stopping",
     "callbacks",
     "eval_mode",
+    "dropout",
     "accumulation",
     "clipping",
     "fused",

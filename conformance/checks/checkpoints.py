@@ -4,7 +4,9 @@ The state dict of a portable model must have exactly the canonical keys, shapes 
 (parameters ``model.layers.{i}.weight|bias``, optimizer slots ``optimizer.<param>.<slot>`` and
 ``optimizer.step``); saving, loading into a fresh backend and saving again must give the same
 bytes; and checkpoints must move between the backend and the numpy reference, which then
-continue training within the ``training`` tolerance of each other.
+continue training within the ``training`` tolerance of each other. Loading is strict: a missing
+key, an extra key or an array of another shape (even one that would broadcast) is refused
+and leaves the state as it was.
 """
 
 from __future__ import annotations
@@ -250,6 +252,61 @@ def rejects_wrong_shape(ctx: Context) -> None:
     except Exception:
         return
     ctx.require(False, "load_state_dict accepted a (7, 16) tensor for a (6, 16) weight")
+
+
+def _refused(ctx: Context, backend: Any, state: dict[str, np.ndarray], what: str) -> None:
+    """``load_state_dict(state)`` must raise and leave the backend's state as it was."""
+    before = copy_state(backend.state_dict())
+    try:
+        backend.load_state_dict(state)
+    except Exception:
+        ctx.require_identical(f"state after refusing {what}", backend.state_dict(), before)
+        return
+    ctx.require(False, f"load_state_dict accepted {what}; it must refuse it, changing nothing")
+
+
+@check("checkpoints", "rejects_broadcastable_shape")
+def rejects_broadcastable_shape(ctx: Context) -> None:
+    """load_state_dict refuses arrays that would broadcast or reshape into place.
+
+    A ``(1, n)`` row for a ``(k, n)`` weight, a scalar for a bias or a momentum buffer, and a
+    transposed weight (same size): each is refused, and the state is left unchanged.
+    """
+    backend = trained(ctx, optim.SGD(momentum=0.9))
+    state = backend.state_dict()
+    weight, bias = state["model.layers.0.weight"], state["model.layers.1.bias"]
+    momentum = state["optimizer.layers.0.bias.momentum"]
+    cases = {
+        "model.layers.0.weight": (
+            weight[:1],
+            f"a {weight[:1].shape} row for a {weight.shape} weight",
+        ),
+        "model.layers.1.bias": (bias[0], f"a scalar for a {bias.shape} bias"),
+        "optimizer.layers.0.bias.momentum": (
+            momentum[0],
+            f"a scalar for a {momentum.shape} momentum buffer",
+        ),
+        "model.layers.1.weight": (
+            np.ascontiguousarray(state["model.layers.1.weight"].T),
+            "a transposed (3, 16) array for a (16, 3) weight",
+        ),
+    }
+    for key, (value, what) in cases.items():
+        _refused(ctx, backend, {**copy_state(state), key: np.asarray(value)}, what)
+
+
+@check("checkpoints", "rejects_extra_key")
+def rejects_extra_key(ctx: Context) -> None:
+    """load_state_dict refuses a state with keys the model and optimizer do not have."""
+    backend = trained(ctx, optim.SGD(momentum=0.9))
+    state = backend.state_dict()
+    extras = {
+        "model.layers.2.weight": np.zeros((3, 3), ctx.state_dtype),
+        "optimizer.layers.0.weight.exp_avg": np.zeros_like(state["model.layers.0.weight"]),
+        "model.running_mean": np.zeros(16, ctx.state_dtype),
+    }
+    for key, value in extras.items():
+        _refused(ctx, backend, {**copy_state(state), key: value}, f"the extra key {key!r}")
 
 
 @check("checkpoints", "state_dict_is_a_copy")

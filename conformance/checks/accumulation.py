@@ -16,7 +16,7 @@ import numpy as np
 
 from unitrain import optim
 from unitrain.conformance._context import Context
-from unitrain.conformance._probes import LINEAR_PROBE, upcast, with_zeros
+from unitrain.conformance._probes import LINEAR_PROBE, model_state, upcast, with_zeros
 from unitrain.conformance._registry import check
 from unitrain.conformance._training import classifier, classifier_data, fit
 
@@ -150,7 +150,7 @@ def small_norm(ctx: Context) -> None:
         backend.load_state_dict(with_zeros(backend.state_dict()))
         ctx.update(backend, batch, 1.0)
         results.append(backend.state_dict())
-    ours, theirs = results
+    ours, theirs = (model_state(state) for state in results)
     ctx.compare(
         f"update clipped from norm {norm:.1g} to {norm / 4:.1g}", upcast(ours), theirs, "step"
     )

@@ -60,9 +60,11 @@ class HookRecorder:
         self.calls.append(("on_validation_end", tuple(sorted(logs))))
 
 
-def _recorded(ctx: Context, backend: Any, **config: Any) -> tuple[HookRecorder, Any]:
+def _recorded(
+    ctx: Context, backend: Any, monitor_class: type, **config: Any
+) -> tuple[HookRecorder, Any]:
     recorder = HookRecorder()
-    monitor = ctx.callback("LRMonitor")(logging_interval="step")
+    monitor = monitor_class(logging_interval="step")
     trainer = fit(
         ctx,
         backend,
@@ -80,8 +82,10 @@ def _pair(ctx: Context, **config: Any) -> tuple[tuple[HookRecorder, Any], tuple[
     backend = ctx.make(classifier(), optimizer=optim.SGD(momentum=0.9))
     reference = ctx.reference(classifier(), optimizer=optim.SGD(momentum=0.9))
     reference.load_state_dict(upcast(backend.state_dict()))
-    ours = _recorded(ctx, backend, **config)
-    theirs = _recorded(ctx, reference, dtype="float64", **config)
+    from unitrain.callbacks import LRMonitor  # the reference runs the core's callback
+
+    ours = _recorded(ctx, backend, ctx.callback("LRMonitor"), **config)
+    theirs = _recorded(ctx, reference, LRMonitor, dtype="float64", **config)
     return ours, theirs
 
 

@@ -755,3 +755,10 @@ def test_every_backend_refuses_or_ignores_hostile_rng_states(backend, case, tmp_
     publish_counts()
     if key in ("numpy", "python"):  # the global generators: restored by unitrain itself
         assert result == "refused"
+    elif result == "loaded":
+        # Harmless only if the backend never read the value: it restores no generator, or
+        # none of the generators the hostile state names. A backend that silently ignores a
+        # garbage state for a generator it does restore would resume another random stream.
+        restores = set(again.backend.rng_state())
+        named = set(value) if isinstance(value, dict) else restores
+        assert not restores & named, f"{backend}: hostile rng state {value!r} loaded silently"

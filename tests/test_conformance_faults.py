@@ -334,7 +334,9 @@ class DeclaresItsDropoutFault(f.DropoutNotInverted):
 
 
 def test_a_verdict_with_declared_failures_says_so_on_its_last_line() -> None:
-    report = run(DeclaresItsDropoutFault, device="cpu", dtypes=["float32"], keyword="inverted_scaling")
+    report = run(
+        DeclaresItsDropoutFault, device="cpu", dtypes=["float32"], keyword="inverted_scaling"
+    )
     assert report.counts()["xfailed"] == 1 and report.verdict() == "conforms"
     assert report.table().splitlines()[-1] == "verdict: conforms, with 1 declared deviation"
     assert report.summary()["verdict_line"] == "conforms, with 1 declared deviation"

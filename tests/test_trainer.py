@@ -70,6 +70,39 @@ def test_evaluation_is_example_weighted():
     assert means[0] == pytest.approx(means[1], rel=1e-6)
 
 
+def test_validation_and_test_metrics_are_means_over_examples_not_batches():
+    """Batches of 4, 4 and 2: the metrics are those of the 10 examples evaluated at once."""
+    x, y = small_data(n=10)
+    config = TrainerConfig(batch_size=4, dtype="float64", device="cpu")
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=config)
+    whole = {k: float(v) for k, v in trainer.backend.evaluate((x, y)).items()}
+    batches = [trainer.backend.evaluate((x[i : i + 4], y[i : i + 4])) for i in (0, 4, 8)]
+    # The oracle distinguishes: a mean of batch means is off by far more than rounding.
+    assert abs(np.mean([float(b["loss"]) for b in batches]) - whole["loss"]) > 1e-4
+    validated, tested = trainer.validate((x, y)), trainer.test((x, y))
+    for metrics, prefix in ((validated, "val_"), (tested, "test_")):
+        assert metrics[f"{prefix}loss"] == pytest.approx(whole["loss"], rel=1e-12)
+        assert metrics[f"{prefix}accuracy"] == pytest.approx(whole["accuracy"], rel=1e-12)
+
+
+@pytest.mark.parametrize("accum", [3, 2])
+def test_the_epoch_loss_weights_micro_batches_by_size(accum):
+    """At learning rate 0 every forward sees the initial weights, so the epoch's loss must be
+    the loss of all 20 examples at once: micro-batches of 8, 8 and 4 (one update, or two
+    with the short group alone) each count by their size."""
+    x, y = small_data(n=20)
+    config = TrainerConfig(
+        epochs=1, batch_size=8, grad_accum_steps=accum, dtype="float64", device="cpu"
+    )
+    trainer = Trainer(
+        models.MLP((4, 8, 3)), backend="numpy", schedule=schedules.Constant(0.0), config=config
+    )
+    expected = float(trainer.backend.evaluate((x, y))["loss"])
+    history = trainer.fit(ArrayLoader(x, y, 8, shuffle=False))
+    assert trainer.state.step == (1 if accum == 3 else 2)
+    assert history[0]["loss"] == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
 def test_accumulation_equals_one_large_batch(backend):
     """k micro-batches of n, weighted by size, give the update of one batch of k*n."""

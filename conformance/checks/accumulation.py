@@ -46,25 +46,41 @@ def _accumulated(ctx: Context, k: int, *, sizes: tuple[int, ...] | None = None) 
     )
 
 
-@check("accumulation", "two_micro_batches")
+@check(
+    "accumulation",
+    "two_micro_batches",
+    guards="backward ignoring its scale (micro-batch gradients summed, not averaged)",
+)
 def two_micro_batches(ctx: Context) -> None:
     """2 micro-batches of 8 equal one batch of 16."""
     _accumulated(ctx, 2)
 
 
-@check("accumulation", "four_micro_batches")
+@check(
+    "accumulation",
+    "four_micro_batches",
+    guards="gradient buffers overwritten instead of added to, or the scale applied twice",
+)
 def four_micro_batches(ctx: Context) -> None:
     """4 micro-batches of 4 equal one batch of 16."""
     _accumulated(ctx, 4, sizes=(4, 4, 4, 4))
 
 
-@check("accumulation", "uneven_micro_batches")
+@check(
+    "accumulation",
+    "uneven_micro_batches",
+    guards="micro-batches weighted 1/k instead of by their size",
+)
 def uneven_micro_batches(ctx: Context) -> None:
     """Micro-batches of 10 and 6 weighted by size equal one batch of 16."""
     _accumulated(ctx, 2, sizes=(10, 6))
 
 
-@check("accumulation", "trainer_matches_reference")
+@check(
+    "accumulation",
+    "trainer_matches_reference",
+    guards="an accumulated run (short last group included) that drifts from the reference",
+)
 def trainer_matches_reference(ctx: Context) -> None:
     """A Trainer run with grad_accum_steps=4 (short last group) matches the reference."""
     _trainer_vs_reference(ctx, optim.Adam(), grad_accum_steps=4)
@@ -89,25 +105,41 @@ def _trainer_vs_reference(
     ctx.compare("final state", ours.backend.state_dict(), theirs.backend.state_dict(), "training")
 
 
-@check("clipping", "active")
+@check(
+    "clipping",
+    "active",
+    guards="a clipping rule other than torch's max_norm / (norm + 1e-6), or clipping per tensor",
+)
 def active(ctx: Context) -> None:
     """Clipping to a small global norm (active at every update) matches the reference."""
     _trainer_vs_reference(ctx, optim.SGD(momentum=0.9), grad_clip_norm=0.05)
 
 
-@check("clipping", "inactive")
+@check(
+    "clipping",
+    "inactive",
+    guards="gradients scaled up when their norm is below max_norm",
+)
 def inactive(ctx: Context) -> None:
     """A global norm above every gradient's leaves updates as without clipping."""
     _trainer_vs_reference(ctx, optim.SGD(momentum=0.9), grad_clip_norm=1e3)
 
 
-@check("clipping", "with_accumulation")
+@check(
+    "clipping",
+    "with_accumulation",
+    guards="each micro-batch clipped instead of the accumulated gradient",
+)
 def with_accumulation(ctx: Context) -> None:
     """Clipping applies to the accumulated gradient, not to each micro-batch."""
     _trainer_vs_reference(ctx, optim.Adam(), grad_clip_norm=0.05, grad_accum_steps=3)
 
 
-@check("clipping", "single_update")
+@check(
+    "clipping",
+    "single_update",
+    guards="one clipped update that differs from the reference's",
+)
 def single_update(ctx: Context) -> None:
     """One clipped update equals the reference's within ``step``."""
     optimizer = optim.SGD()
@@ -122,7 +154,11 @@ def single_update(ctx: Context) -> None:
     )
 
 
-@check("clipping", "small_norm")
+@check(
+    "clipping",
+    "small_norm",
+    guards="a clipping epsilon dropped or changed (below float32 tolerance at ordinary sizes)",
+)
 def small_norm(ctx: Context) -> None:
     """Clipping a small gradient keeps the 1e-6 epsilon of max_norm / (norm + 1e-6).
 

@@ -89,14 +89,22 @@ def _pair(ctx: Context, **config: Any) -> tuple[tuple[HookRecorder, Any], tuple[
     return ours, theirs
 
 
-@check("callbacks", "hook_order")
+@check(
+    "callbacks",
+    "hook_order",
+    guards="hooks fired in another order (per micro-batch, validation misplaced)",
+)
 def hook_order(ctx: Context) -> None:
     """Hooks fire in exactly the reference's order with validation and accumulation."""
     (ours, _), (theirs, _) = _pair(ctx, grad_accum_steps=4, log_every_n_steps=2)
     ctx.require_equal("hook sequence", ours.calls, theirs.calls)
 
 
-@check("callbacks", "hook_counts")
+@check(
+    "callbacks",
+    "hook_counts",
+    guards="one batch hook per micro-batch instead of per update",
+)
 def hook_counts(ctx: Context) -> None:
     """Each hook fires the reference's number of times (one batch hook per update)."""
     (ours, trainer), (theirs, _) = _pair(ctx, grad_accum_steps=4)
@@ -105,7 +113,11 @@ def hook_counts(ctx: Context) -> None:
     ctx.require_equal("updates", trainer.state.step, 4)
 
 
-@check("callbacks", "epoch_logs")
+@check(
+    "callbacks",
+    "epoch_logs",
+    guards="evaluate returning other metric names, or epoch losses that differ",
+)
 def epoch_logs(ctx: Context) -> None:
     """Epoch logs have the reference's keys, and their losses agree within ``training``."""
     (ours, _), (theirs, _) = _pair(ctx)
@@ -120,14 +132,22 @@ def epoch_logs(ctx: Context) -> None:
         )
 
 
-@check("callbacks", "lr_monitor")
+@check(
+    "callbacks",
+    "lr_monitor",
+    guards="a backend's own LRMonitor recording another update's learning rate",
+)
 def lr_monitor(ctx: Context) -> None:
     """The learning rates the LRMonitor records equal the reference's, update by update."""
     (ours, _), (theirs, _) = _pair(ctx, grad_accum_steps=2)
     ctx.require_equal("(update, learning rate) pairs", ours.lr_values, theirs.lr_values)
 
 
-@check("callbacks", "batch_logs")
+@check(
+    "callbacks",
+    "batch_logs",
+    guards="the loss read at other steps than the logging points",
+)
 def batch_logs(ctx: Context) -> None:
     """Batch-end logs carry loss exactly at logging points, like the reference's."""
     (ours, _), (theirs, _) = _pair(ctx, log_every_n_steps=4)
@@ -159,7 +179,11 @@ def _scripted_run(ctx: Context, callbacks: list[Any], resume: Any = None) -> Any
     return trainer
 
 
-@check("callbacks", "checkpoint_listed_first_resume")
+@check(
+    "callbacks",
+    "checkpoint_listed_first_resume",
+    guards="a checkpoint saved before other callbacks decide the epoch (the resume diverges)",
+)
 def checkpoint_listed_first_resume(ctx: Context) -> None:
     """With ModelCheckpoint listed before EarlyStopping, a resumed run follows the
     uninterrupted one (the checkpoint holds early stopping's decision for its epoch)."""

@@ -96,7 +96,11 @@ class _Probe:
         return snapped
 
 
-@check("dropout", "inverted_scaling")
+@check(
+    "dropout",
+    "inverted_scaling",
+    guards="dropout without the 1/(1-p) scaling, or the drop and keep rates swapped",
+)
 def inverted_scaling(ctx: Context) -> None:
     """Kept units are scaled by 1/(1-p) in training and dropped ones are 0, at rate p."""
     probe = _Probe(ctx)
@@ -115,7 +119,11 @@ def inverted_scaling(ctx: Context) -> None:
     )
 
 
-@check("dropout", "new_mask_each_update")
+@check(
+    "dropout",
+    "new_mask_each_update",
+    guards="a dropout mask that does not change from update to update",
+)
 def new_mask_each_update(ctx: Context) -> None:
     """Each update draws a new dropout mask (same batch and weights, different masks)."""
     probe = _Probe(ctx)
@@ -129,7 +137,11 @@ def new_mask_each_update(ctx: Context) -> None:
         )
 
 
-@check("dropout", "new_mask_each_micro_batch")
+@check(
+    "dropout",
+    "new_mask_each_micro_batch",
+    guards="one dropout mask shared by the micro-batches of an update",
+)
 def new_mask_each_micro_batch(ctx: Context) -> None:
     """The micro-batches of one accumulated update draw different dropout masks."""
     probe = _Probe(ctx)

@@ -5,8 +5,9 @@ learning rate 0 evaluates a validation batch ``(0, d)`` to exactly ``d**2``. Wit
 multiple of 1/4 up to 3, every value is exact in every float format, so the sequence the
 callback sees is the script, bit for bit, on every backend, and the stop epoch and best
 epoch must equal the reference's exactly. hypothesis draws sequences, patience, min_delta
-(including values that make improvements land exactly on the threshold), baselines and
-warm-up epochs. A backend that ships its own ``EarlyStopping`` (declared in
+(including values that make improvements land exactly on the threshold), baselines (also
+with ``min_delta``, which Keras applies to the baseline too) and warm-up epochs. Restoring
+the best weights is checked when training stops early and when it runs to its last epoch. A backend that ships its own ``EarlyStopping`` (declared in
 ``conformance_callbacks``) is checked instead of the core's.
 """
 
@@ -107,7 +108,11 @@ def _deltas() -> Any:
     return st.sampled_from([0.0, 1 / 16, 3 / 16, 5 / 16, 7 / 16, 1.0, 2.0])
 
 
-@check("early_stopping", "scripted_min_mode")
+@check(
+    "early_stopping",
+    "scripted_min_mode",
+    guards="another improvement test or stop rule in min mode",
+)
 def scripted_min_mode(ctx: Context) -> None:
     """mode='min': same stop and best epochs as the reference for scripted sequences."""
     explicit = [
@@ -117,14 +122,22 @@ def scripted_min_mode(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=_strategy(mode="min"), explicit=explicit)
 
 
-@check("early_stopping", "scripted_max_mode")
+@check(
+    "early_stopping",
+    "scripted_max_mode",
+    guards="another improvement test or stop rule in max mode",
+)
 def scripted_max_mode(ctx: Context) -> None:
     """mode='max': same stop and best epochs as the reference."""
     explicit = [{"script": [2, 5, 5, 4, 6, 1, 1], "patience": 1, "mode": "max"}]
     explore(ctx, lambda e: _decisions(ctx, e), strategy=_strategy(mode="max"), explicit=explicit)
 
 
-@check("early_stopping", "scripted_min_delta")
+@check(
+    "early_stopping",
+    "scripted_min_delta",
+    guards="min_delta's sign flipped, or an improvement of exactly min_delta counted",
+)
 def scripted_min_delta(ctx: Context) -> None:
     """min_delta: an improvement of exactly min_delta does not count; plateaus stop."""
     explicit = [
@@ -136,7 +149,11 @@ def scripted_min_delta(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
 
 
-@check("early_stopping", "scripted_baseline")
+@check(
+    "early_stopping",
+    "scripted_baseline",
+    guards="waiting reset by values that do not beat the baseline",
+)
 def scripted_baseline(ctx: Context) -> None:
     """baseline: waiting resets only on values that beat the baseline."""
     from_baseline = lambda: _floats_from(range(0, 13))  # noqa: E731
@@ -145,7 +162,11 @@ def scripted_baseline(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
 
 
-@check("early_stopping", "scripted_baseline_min_delta")
+@check(
+    "early_stopping",
+    "scripted_baseline_min_delta",
+    guards="the baseline compared without min_delta (Keras applies it)",
+)
 def scripted_baseline_min_delta(ctx: Context) -> None:
     """baseline with min_delta: a value must beat the baseline by more than min_delta."""
     explicit = [
@@ -159,7 +180,11 @@ def scripted_baseline_min_delta(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
 
 
-@check("early_stopping", "scripted_start_from_epoch")
+@check(
+    "early_stopping",
+    "scripted_start_from_epoch",
+    guards="warm-up epochs counted",
+)
 def scripted_start_from_epoch(ctx: Context) -> None:
     """start_from_epoch: the first epochs are ignored."""
     explicit = [{"script": [1, 2, 3, 3, 3, 3], "patience": 1, "start_from_epoch": 2, "mode": "min"}]
@@ -237,13 +262,21 @@ def _restores(ctx: Context, script: Sequence[float], patience: int) -> None:
     ctx.require_equal("epoch whose weights the run ended with", ours[2], theirs[2])
 
 
-@check("early_stopping", "restore_best_weights")
+@check(
+    "early_stopping",
+    "restore_best_weights",
+    guards="other weights restored than the best epoch's",
+)
 def restore_best_weights(ctx: Context) -> None:
     """restore_best_weights puts back exactly the best epoch's weights (same best epoch)."""
     _restores(ctx, [5, 3, 4, 2, 6, 6, 6, 6], patience=2)
 
 
-@check("early_stopping", "restore_best_weights_full_run")
+@check(
+    "early_stopping",
+    "restore_best_weights_full_run",
+    guards="best weights restored only when training stopped early",
+)
 def restore_best_weights_full_run(ctx: Context) -> None:
     """restore_best_weights also restores when training runs to its last epoch (no stop)."""
     _restores(ctx, [5, 3, 4, 2, 6, 6], patience=10)

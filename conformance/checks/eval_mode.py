@@ -49,7 +49,11 @@ def _against_reference(ctx: Context, backend: Any, model: MLP, batch: Any, loss:
         ctx.require_equal(f"examples classified correctly of {n}", count(ours), count(theirs))
 
 
-@check("eval_mode", "dropout_off")
+@check(
+    "eval_mode",
+    "dropout_off",
+    guards="dropout left on in evaluate",
+)
 def dropout_off(ctx: Context) -> None:
     """With dropout 0.5, evaluate is deterministic and equals the no-dropout reference."""
     model = classifier(dropout=0.5)
@@ -60,7 +64,11 @@ def dropout_off(ctx: Context) -> None:
     _against_reference(ctx, backend, model, batch, "cross_entropy")
 
 
-@check("eval_mode", "no_state_change")
+@check(
+    "eval_mode",
+    "no_state_change",
+    guards="evaluate changing weights, optimizer state or statistics",
+)
 def no_state_change(ctx: Context) -> None:
     """evaluate leaves parameters, optimizer state and statistics bit-identical."""
     backend = _trained(ctx, classifier(dropout=0.25), optim.Adam())
@@ -70,7 +78,11 @@ def no_state_change(ctx: Context) -> None:
     ctx.require_identical("state after evaluate", backend.state_dict(), before)
 
 
-@check("eval_mode", "no_effect_on_training")
+@check(
+    "eval_mode",
+    "no_effect_on_training",
+    guards="evaluate disturbing training (dropout masks, counters)",
+)
 def no_effect_on_training(ctx: Context) -> None:
     """Training with evaluations in between equals training without, bit for bit."""
     model = classifier(dropout=0.25)
@@ -87,7 +99,11 @@ def no_effect_on_training(ctx: Context) -> None:
     ctx.require_identical("state, with vs without evaluate", mixed.state_dict(), plain.state_dict())
 
 
-@check("eval_mode", "matches_reference_cross_entropy")
+@check(
+    "eval_mode",
+    "matches_reference_cross_entropy",
+    guards="a cross-entropy or accuracy that differs from the reference",
+)
 def matches_reference_cross_entropy(ctx: Context) -> None:
     """evaluate's loss and accuracy at identical weights equal the reference's."""
     model = classifier()
@@ -95,7 +111,11 @@ def matches_reference_cross_entropy(ctx: Context) -> None:
     _against_reference(ctx, backend, model, classifier_data(ctx, 4, 32), "cross_entropy")
 
 
-@check("eval_mode", "short_final_batch")
+@check(
+    "eval_mode",
+    "short_final_batch",
+    guards="a short last batch padded, so padding enters the mean",
+)
 def short_final_batch(ctx: Context) -> None:
     """A short last batch (3 or 1 after 8) is averaged over its real examples (no padding)."""
     model = classifier()
@@ -111,7 +131,11 @@ def short_final_batch(ctx: Context) -> None:
         _against_reference(ctx, backend, regression, (inputs[part], targets[part]), "mse")
 
 
-@check("eval_mode", "matches_reference_mse")
+@check(
+    "eval_mode",
+    "matches_reference_mse",
+    guards="mean squared error averaged another way (per example, summed)",
+)
 def matches_reference_mse(ctx: Context) -> None:
     """evaluate's mean squared error at identical weights equals the reference's."""
     model = MLP((6, 16, 2), activation="gelu")

@@ -654,3 +654,10 @@ def test_import_pulls_in_no_framework() -> None:
         env={**os.environ, "PYTHONPATH": path},
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_bad_step_is_refused_naming_the_schedule() -> None:
+    with pytest.raises(ConfigError, match=r"^CosineDecay: step must be a non-negative int"):
+        CosineDecay(0.1, 10)(-1)
+    with pytest.raises(ConfigError, match=r"^Warmup: step must be a non-negative int"):
+        Warmup(Constant(0.1), 2)(1.5)

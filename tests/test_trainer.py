@@ -413,3 +413,23 @@ def test_steps_per_call_without_backend_support_warns():
     with pytest.warns(UserWarning, match="cannot keep data on the device"):
         trainer.fit(small_data())
     assert trainer.state.step == 2
+
+
+class _NoBatches:
+    """A re-iterable that yields nothing."""
+
+    def __iter__(self):
+        return iter(())
+
+
+@pytest.mark.parametrize("method, label", [("validate", "val_data"), ("test", "test_data")])
+def test_evaluation_errors_name_the_data_they_are_about(method, label):
+    x, y = small_data(n=5)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(batch_size=4))
+    evaluate = getattr(trainer, method)
+    with pytest.raises(DataError, match=f"^{label} is empty"):
+        evaluate((x[:0], y[:0]))
+    with pytest.raises(DataError, match=f"^{label} has labels in \\[7, 7\\]"):
+        evaluate((x, np.full(5, 7)))
+    with pytest.raises(DataError, match=f"^{label} yielded no batches"):
+        evaluate(_NoBatches())

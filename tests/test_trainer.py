@@ -15,6 +15,7 @@ from unitrain import (
     NonFiniteError,
     Trainer,
     TrainerConfig,
+    callbacks,
     models,
     optim,
     schedules,
@@ -433,3 +434,61 @@ def test_evaluation_errors_name_the_data_they_are_about(method, label):
         evaluate((x, np.full(5, 7)))
     with pytest.raises(DataError, match=f"^{label} yielded no batches"):
         evaluate(_NoBatches())
+
+
+class _MultiStepNumpy(NumpyBackend):
+    """The reference with the optional fast paths, each defined as the plain calls."""
+
+    def train_step(self, batch, lr):
+        loss = self.forward(batch)
+        self.backward()
+        self.step(lr)
+        return loss
+
+    def train_steps(self, batches, lrs):
+        pairs = zip(batches[0], batches[1], lrs)
+        return np.array([self.train_step((x, y), float(lr)) for x, y, lr in pairs])
+
+
+def test_steps_per_call_leftovers_train_one_fused_update_each():
+    """Five batches with steps_per_call=2: two stacked calls, then the fifth batch alone
+    through train_step, with its own LR and size. The run equals the plain one."""
+    x, y = small_data(n=36)  # batches of 8, 8, 8, 8 and 4
+    runs = []
+    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 2)):
+        monitor = callbacks.LRMonitor("step")
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            schedule=schedules.LinearDecay(0.1, 0.01, 5),
+            callbacks=[monitor],
+            config=TrainerConfig(epochs=1, batch_size=8, steps_per_call=steps, dtype="float64"),
+        )
+        history = trainer.fit(ArrayLoader(x, y, 8, shuffle=False))
+        runs.append((trainer.backend.state_dict(), history[0]["loss"], monitor.values))
+    (plain, plain_loss, plain_lrs), (multi, multi_loss, multi_lrs) = runs
+    # Batch hooks fire once per call, after its last update: updates 2, 4, then 5 alone.
+    assert len(plain_lrs) == 5 and multi_lrs == [plain_lrs[1], plain_lrs[3], plain_lrs[4]]
+    assert multi_loss == pytest.approx(plain_loss, rel=1e-12)
+    for key in plain:
+        np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
+
+
+def test_a_reduced_learning_rate_applies_to_accumulated_updates():
+    """ReduceLROnPlateau's factor multiplies the schedule in the accumulation path too (and
+    the LR reaches the batch logs): 'loss' in mode 'max' never improves after the first
+    epoch, so the third epoch runs at half the LR."""
+    x, y = small_data(n=32)
+    monitor = callbacks.LRMonitor("step")
+    trainer = Trainer(
+        models.MLP((4, 8, 3)),
+        backend="numpy",
+        schedule=schedules.Constant(0.1),
+        callbacks=[
+            callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, mode="max"),
+            monitor,
+        ],
+        config=TrainerConfig(epochs=3, batch_size=8, grad_accum_steps=2),
+    )
+    trainer.fit((x, y))
+    assert [lr for _, lr in monitor.values] == pytest.approx([0.1] * 4 + [0.05] * 2)

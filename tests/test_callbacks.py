@@ -358,6 +358,25 @@ def test_restore_best_weights_restores_exactly_the_best_epoch(stop_early):
     np.testing.assert_array_equal(weights["optimizer.step"], last)
 
 
+@pytest.mark.parametrize("start_from_epoch", [0, 2])
+def test_restore_best_weights_keeps_the_first_monitored_epoch_when_nothing_improves(
+    start_from_epoch,
+):
+    """A metric that never improves (NaN) restores the weights of the first epoch watched,
+    as Keras does: "if best weights were never set, the current weights are the best"."""
+    callback = EarlyStopping(
+        monitor="val_loss",
+        patience=10,
+        restore_best_weights=True,
+        start_from_epoch=start_from_epoch,
+    )
+    trainer, stopped = drive(callback, [math.nan] * 5, key="val_loss")
+    assert stopped is None and callback.best_epoch is None
+    weights = trainer.backend.weights
+    np.testing.assert_array_equal(weights["model.layers.0.bias"], np.full(2, start_from_epoch))
+    np.testing.assert_array_equal(weights["optimizer.step"], 4)
+
+
 def test_without_restore_best_weights_the_last_weights_stay():
     callback = EarlyStopping(monitor="val_loss", patience=1)
     trainer, stopped = drive(callback, [1.0, 0.5, 0.7], key="val_loss")

@@ -99,7 +99,10 @@ def restore(trainer: Trainer, resume: str | Path) -> tuple[Path, dict[str, Any]]
         trainer.backend.load_state_dict(state)
         if point.rng is not None:
             rng.set_rng_state(point.rng)
-            trainer.backend.set_rng_state(point.rng.get("backend", {}))
+            backend_rng = point.rng.get("backend", {})
+            if not isinstance(backend_rng, dict):  # a backend would look keys up in a string
+                raise TypeError(f"'rng.backend' must be an object, got {backend_rng!r:.40}")
+            trainer.backend.set_rng_state(backend_rng)
         schedule = None if point.schedule is None else from_dict(point.schedule)
         callbacks = dict(unpack_tensors(point.callbacks, checkpoint.callbacks))
     except Exception as error:  # hostile input: whatever it breaks is the file's fault

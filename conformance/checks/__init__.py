@@ -6,6 +6,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     checkpoints,
     determinism,
     devices,
+    dropout,
     early_stopping,
     eval_mode,
     fused,

@@ -23,8 +23,10 @@ from torch import nn
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.models import MLP
+from unitrain.models import MLP, AbstractLayer
 from unitrain.state import check_state, split_state
+
+from ._torch_layers import build_portable
 
 __all__ = ["TorchBackend", "TorchMLP"]
 
@@ -94,6 +96,8 @@ class TorchBackend:
                 initial = model.init_params(options.seed, _numpy_dtype(self.dtype))
                 for name, value in initial.items():
                     self.module.get_parameter(name).copy_(torch.from_numpy(value))
+        elif isinstance(model, AbstractLayer):
+            self.module = build_portable(model, options.seed, self.dtype, self.torch_device)
         elif isinstance(model, nn.Module):
             self.module = model
         else:
@@ -103,6 +107,11 @@ class TorchBackend:
             )
         self.module.to(self.torch_device, self.dtype).train()
         self.params = dict(self.module.named_parameters())
+        #: Parameters and persistent buffers under their state-dict names, in the module's order.
+        self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
+        self._portable = model if isinstance(model, AbstractLayer) else None
+        self._checked_shape: tuple[int, ...] | None = None
+        self._tokens = self._portable is not None and self._portable.input_kind == "tokens"
         self.loss_fn, self.classification = _loss_function(options.loss)
         self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
@@ -129,7 +138,12 @@ class TorchBackend:
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
-        if self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
+        if self._portable is not None and (self._tokens or x.shape[1:] != self._checked_shape):
+            self._portable.check_input(x)  # once per input shape; token ids every batch
+            self._checked_shape = x.shape[1:]
+        if self._tokens:
+            x = torch.as_tensor(x).to(self.torch_device, torch.int64)
+        elif self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
             x = torch.from_numpy(x)  # the common case: no conversion, no copy, no dispatch
         else:
             x = torch.as_tensor(x).to(self.torch_device, self.dtype, non_blocking=True)
@@ -147,6 +161,8 @@ class TorchBackend:
     def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.options.loss == "mse":  # targets may come as (n,) for one output
             y = y.reshape(out.shape)
+        elif self.classification and out.ndim > 2:  # every position of (N, L, V) logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
         return self.loss_fn(out, y)
 
     def forward(self, batch: Batch) -> Any:
@@ -246,7 +262,8 @@ class TorchBackend:
             out = self.module(x)
             metrics = {"loss": self._compute_loss(out, y)}
             if self.classification:
-                metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
+                hits = out.argmax(dim=-1) == y.reshape(out.shape[:-1])
+                metrics["accuracy"] = hits.to(torch.float32).mean()
         return metrics
 
     # -- state -------------------------------------------------------------------------------
@@ -270,7 +287,7 @@ class TorchBackend:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and optimizer state as host numpy copies, canonical names."""
-        state = {f"model.{k}": _to_numpy(v) for k, v in self.params.items()}
+        state = {f"model.{k}": _to_numpy(v) for k, v in self.tensors.items()}
         shapes = {f"{k}.": v.shape for k, v in self.params.items()}
         for key, tensor in self._optimizer_tensors().items():
             if tensor is None:
@@ -287,8 +304,8 @@ class TorchBackend:
         model, opt = split_state(state)
         self._step = int(opt.pop("step"))
         with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(torch.from_numpy(np.ascontiguousarray(model[name])))
+            for name, tensor in self.tensors.items():
+                tensor.copy_(torch.from_numpy(np.require(model[name], requirements="CW")))
         spec = self.options.optimizer
         device_tensor = lambda a: torch.from_numpy(np.array(a)).to(self.torch_device, self.dtype)  # noqa: E731
         if isinstance(spec, optim.AdamW):

@@ -276,14 +276,6 @@ def build_module(spec: AbstractLayer, source: DropoutSource | None = None) -> nn
     return builder(spec, source or DropoutSource())
 
 
-def _drops(spec: AbstractLayer) -> bool:
-    """Whether any layer of ``spec`` drops values in train mode."""
-    return any(
-        (isinstance(layer, Dropout) and layer.p) or getattr(layer, "dropout", 0.0)
-        for _, layer in spec.named_layers()
-    )
-
-
 def build_portable(spec: AbstractLayer, seed: int, dtype: torch.dtype, device: Any) -> nn.Module:
     """The module of a whole portable model, holding ``spec.init_params(seed)`` and its state.
 
@@ -299,7 +291,7 @@ def build_portable(spec: AbstractLayer, seed: int, dtype: torch.dtype, device: A
     with torch.no_grad():
         for name, value in values.items():
             tensors[name].copy_(torch.from_numpy(value))
-    if _drops(spec):
+    if spec.drops_out:
         source.generator = torch.Generator(device)
         module.generator = source.generator
     return module

@@ -96,6 +96,14 @@ class AbstractLayer(abc.ABC):
         kids = self.children()
         return kids[0][1].input_kind if kids else "float"
 
+    @property
+    def drops_out(self) -> bool:
+        """Whether any layer of the tree drops values in train mode (needs a dropout key)."""
+        return any(
+            bool(getattr(layer, "p", 0.0) or getattr(layer, "dropout", 0.0))
+            for _, layer in self.named_layers()
+        )
+
     def named_layers(self, prefix: str = "") -> Iterator[tuple[str, AbstractLayer]]:
         """Every layer of the tree with its dotted name, parents before children."""
         yield prefix, self

@@ -20,9 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from unitrain import optim
-from unitrain.backends._jax_model import dropout_key, loss_function, mlp_apply
+from unitrain.backends._jax_model import dropout_key, loss_function, portable_apply
 from unitrain.backends._jax_optim import build_optimizer, guarded_update
-from unitrain.models import MLP
 
 __all__ = [
     "APPLIED",
@@ -42,10 +41,12 @@ class DeviceState(NamedTuple):
     The counters share one array (each leaf of the donated state costs ~0.7 µs per call):
     ``[APPLIED]`` updates applied (the dropout key's step), ``[SKIPPED]`` updates skipped
     for a non-finite gradient, ``[CURSOR]`` the next slot of ``losses`` that ``train_step``
-    writes (see :mod:`._jax_losslog`).
+    writes (see :mod:`._jax_losslog`). ``model_state`` is the model's non-trainable state
+    (an empty dict for a model without any).
     """
 
     params: Any
+    model_state: Any
     opt_state: Any
     counters: jax.Array  # int32[3]
     losses: jax.Array  # float32[losslog.SIZE]
@@ -97,7 +98,7 @@ def build_functions(
     clipping: bool = True,
     branch: bool = False,
 ) -> Functions:
-    """Jit the pure functions for ``model`` (an :class:`MLP` or a native apply function).
+    """Jit the pure functions for ``model``: a portable description or a native stateful apply.
 
     Donation: every update donates the :class:`DeviceState` it replaces, and ``accumulate``
     donates the gradient buffers it adds into, so XLA updates them in place.
@@ -109,7 +110,7 @@ def build_functions(
     unused); ``branch`` picks how a non-finite update is skipped (see
     :func:`~._jax_optim.guarded_update`).
     """
-    apply = mlp_apply(model) if isinstance(model, MLP) else model
+    apply = model if callable(model) else portable_apply(model)
     loss_fn, classification = loss_function(loss)
     optimizer_at = build_optimizer(optimizer_spec)
     counts: collections.Counter[str] = collections.Counter()
@@ -125,9 +126,13 @@ def build_functions(
 
         return jax.jit(traced, **options)
 
-    def train_loss(params: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any) -> Any:
-        outputs = apply(params, x, train=True, rng=dropout_key(cfg.seed, step, micro))
-        return loss_fn(outputs, y)
+    def train_loss(
+        params: Any, model_state: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any
+    ) -> tuple[Any, Any]:
+        """``(loss, new model state)``: the state is the auxiliary output of the gradient."""
+        key = dropout_key(cfg.seed, step, micro)
+        outputs, model_state = apply(params, model_state, x, train=True, rng=key)
+        return loss_fn(outputs, y), model_state
 
     def update(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
         params, opt_state, finite = guarded_update(
@@ -141,18 +146,25 @@ def build_functions(
         )
         finite = finite.astype(jnp.int32)
         counters = state.counters + jnp.stack([finite, 1 - finite, jnp.int32(0)])
-        return DeviceState(params, opt_state, counters, state.losses)
+        return DeviceState(params, state.model_state, opt_state, counters, state.losses)
 
     def fused(state: DeviceState, x: Any, y: Any, lr: Any, cfg: Settings) -> tuple[Any, Any]:
         # micro_batch 0: the fused path only runs with no forward pending.
         step = state.counters[APPLIED]
-        loss, grads = jax.value_and_grad(train_loss)(state.params, x, y, cfg, step, 0)
-        return update(state, grads, lr, cfg), loss
+        (loss, model_state), grads = jax.value_and_grad(train_loss, has_aux=True)(
+            state.params, state.model_state, x, y, cfg, step, 0
+        )
+        return update(state._replace(model_state=model_state), grads, lr, cfg), loss
 
-    def forward(params: Any, x: Any, y: Any, cfg: Settings, counters: Any, micro: Any) -> Any:
+    def forward(
+        params: Any, model_state: Any, x: Any, y: Any, cfg: Settings, counters: Any, micro: Any
+    ) -> Any:
+        """``(loss, vjp, new model state)``."""
         counts["forward"] += 1
         step = counters[APPLIED]
-        return jax.vjp(lambda p: train_loss(p, x, y, cfg, step, micro), params)
+        return jax.vjp(
+            lambda p: train_loss(p, model_state, x, y, cfg, step, micro), params, has_aux=True
+        )
 
     def backward(vjp: Any, scale: Any) -> Any:
         counts["backward"] += 1
@@ -189,9 +201,9 @@ def build_functions(
 
         return jax.lax.scan(body, state, (indices, lrs))
 
-    def evaluate(params: Any, x: Any, y: Any) -> dict[str, Any]:
+    def evaluate(params: Any, model_state: Any, x: Any, y: Any) -> dict[str, Any]:
         counts["evaluate"] += 1
-        outputs = apply(params, x, train=False, rng=None)
+        outputs, _ = apply(params, model_state, x, train=False, rng=None)  # state unchanged
         metrics = {"loss": loss_fn(outputs, y)}
         if classification:
             metrics["accuracy"] = jnp.mean(jnp.argmax(outputs, axis=-1) == y, dtype=jnp.float32)

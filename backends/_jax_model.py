@@ -1,8 +1,11 @@
 """Models and losses of the JAX backend: the portable MLP as a pure function, native models.
 
-A JAX model here is a pure function ``apply(params, x, *, train, rng) -> outputs`` and its
-params pytree. :func:`mlp_apply` builds that function for :class:`unitrain.models.MLP`;
-:class:`JaxModel` carries a user's own.
+A JAX model here is a pure function and its params pytree; a model with state (BatchNorm
+statistics, counters: anything not trained by the optimizer) has a state pytree too and an
+apply that returns the new state beside the outputs. :func:`mlp_apply` builds the function
+for :class:`unitrain.models.MLP`; :class:`JaxModel` carries a user's own. Inside the backend
+every model is called in the stateful form (:data:`StatefulApplyFn`); a stateless one gets an
+empty state that costs nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from unitrain._errors import ConfigError
 from unitrain.models import MLP
@@ -22,7 +24,9 @@ from unitrain.models import MLP
 __all__ = [
     "ApplyFn",
     "JaxModel",
-    "as_apply_and_params",
+    "NativeModel",
+    "StatefulApplyFn",
+    "as_native_model",
     "dropout_key",
     "flatten_params",
     "loss_function",
@@ -32,6 +36,8 @@ __all__ = [
 
 #: ``apply(params, x, *, train, rng) -> outputs``; ``rng`` is a JAX key in train mode, else None.
 ApplyFn = Callable[..., jax.Array]
+#: ``apply(params, state, x, *, train, rng) -> (outputs, new_state)``.
+StatefulApplyFn = Callable[..., tuple[jax.Array, Any]]
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
@@ -43,25 +49,52 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 @dataclasses.dataclass(frozen=True)
 class JaxModel:
-    """A native JAX model: a pure apply function and its initial parameters.
+    """A native JAX model: a pure apply function, its initial parameters and optional state.
 
-    ``apply(params, x, *, train, rng)`` returns the model's outputs; ``rng`` is a JAX PRNG key
-    derived from ``(seed, step, micro_batch)`` in train mode (use it for dropout) and None in
-    eval mode. A plain tuple ``(apply, params)`` is accepted wherever a JaxModel is.
+    Without state, ``apply(params, x, *, train, rng)`` returns the model's outputs. With
+    state (``state`` not None), ``apply(params, state, x, *, train, rng)`` returns
+    ``(outputs, new_state)``: the backend keeps ``new_state`` after every train-mode forward
+    (as torch updates BatchNorm buffers in its forward) and drops it in eval mode, so
+    evaluation never changes the state. ``rng`` is a JAX PRNG key derived from ``(seed,
+    step, micro_batch)`` in train mode (use it for dropout) and None in eval mode. A plain
+    tuple ``(apply, params)`` is accepted wherever a stateless JaxModel is.
 
     Args:
         apply: the pure function.
-        params: a pytree (usually a dict name -> array) of floating arrays; its flattened key
-            paths, joined by dots, are the names in the state dict.
+        params: a pytree (usually a dict name -> array) of floating arrays, trained by the
+            optimizer; its flattened key paths, joined by dots, are the names in the state
+            dict.
+        state: None, or a pytree of arrays the optimizer never touches (BatchNorm running
+            statistics, counters); saved, restored and compared like the parameters, under
+            its own dotted names, which must differ from the parameters'.
 
     Examples:
+        >>> import numpy as np
         >>> model = JaxModel(lambda p, x, *, train, rng: x @ p["w"], {"w": np.zeros((3, 2))})
         >>> flatten_params(model.params)["w"].shape
         (3, 2)
+        >>> def apply(p, s, x, *, train, rng):
+        ...     return x @ p["w"], {"calls": s["calls"] + 1} if train else s
+        >>> JaxModel(apply, {"w": np.zeros((3, 2))}, {"calls": np.int32(0)}).stateful
+        True
     """
 
-    apply: ApplyFn
+    apply: Callable[..., Any]
     params: Any
+    state: Any = None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the model carries state (and ``apply`` takes and returns it)."""
+        return self.state is not None
+
+
+class NativeModel(NamedTuple):
+    """A native model in the backend's terms: the stateful apply, params, state."""
+
+    apply: StatefulApplyFn
+    params: Any
+    state: Any
 
 
 def mlp_apply(spec: MLP) -> ApplyFn:
@@ -89,18 +122,41 @@ def mlp_apply(spec: MLP) -> ApplyFn:
     return apply
 
 
-def as_apply_and_params(model: Any, seed: int) -> tuple[ApplyFn, Any, bool]:
-    """``(apply, params, portable)`` for an MLP, a :class:`JaxModel` or an ``(apply, params)``."""
-    if isinstance(model, MLP):
-        return mlp_apply(model), model.init_params(seed, np.float32), True
-    if isinstance(model, JaxModel):
-        return model.apply, model.params, False
+def with_state(apply: ApplyFn) -> StatefulApplyFn:
+    """``apply`` in the stateful form, passing an (empty) state through unchanged."""
+
+    def stateful(params: Any, state: Any, x: jax.Array, *, train: bool, rng: Any) -> Any:
+        return apply(params, x, train=train, rng=rng), state
+
+    return stateful
+
+
+def portable_apply(spec: Any) -> StatefulApplyFn:
+    """The stateful apply function of a portable model."""
+    if isinstance(spec, MLP):
+        return with_state(mlp_apply(spec))
+    raise ConfigError(f"the jax backend cannot build portable model {type(spec).__name__}")
+
+
+def as_native_model(model: Any) -> NativeModel:
+    """A :class:`JaxModel` or an ``(apply, params)`` tuple as a :class:`NativeModel`."""
     if isinstance(model, tuple) and len(model) == 2 and callable(model[0]):
-        return model[0], model[1], False
-    raise ConfigError(
-        "the jax backend trains unitrain.models.MLP, a backends.jax.JaxModel(apply, params) or "
-        f"a tuple (apply, params), got {type(model).__name__}"
-    )
+        model = JaxModel(model[0], model[1])
+    if not isinstance(model, JaxModel):
+        raise ConfigError(
+            "the jax backend trains a unitrain.models model (MLP, ...), a "
+            "backends.jax.JaxModel(apply, params[, state]) or a tuple (apply, params), "
+            f"got {type(model).__name__}"
+        )
+    if not model.stateful:
+        return NativeModel(with_state(model.apply), model.params, {})
+    clash = sorted(set(flatten_params(model.params)) & set(flatten_params(model.state)))
+    if clash:
+        raise ConfigError(
+            f"JaxModel: state names {clash} are also parameter names; the state dict holds "
+            "both under model.<name>, so rename one of them"
+        )
+    return NativeModel(model.apply, model.params, model.state)
 
 
 def dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array:

@@ -1,8 +1,9 @@
 """The JAX backend: jitted pure functions over a params pytree, optax optimizers.
 
 Models are :class:`unitrain.models.MLP` (canonical names, portable checkpoints) or a native
-:class:`JaxModel` / ``(apply, params)`` pair. Everything the training loop changes — params,
-optimizer state, the update counter and the skipped-update counter — lives on the device in
+:class:`JaxModel` (with or without model state) / ``(apply, params)`` pair. Everything the
+training loop changes — params, model state (BatchNorm statistics, ...), optimizer state, the
+update counter and the skipped-update counter — lives on the device in
 one pytree that every jitted update donates and returns, so no step copies the weights or
 waits for the host; the skipped counter is read only when :attr:`JaxBackend.skipped_steps`
 is (the Trainer's logging points).
@@ -54,7 +55,7 @@ from unitrain.backends._jax_compiled import (
 )
 from unitrain.backends._jax_model import (
     JaxModel,
-    as_apply_and_params,
+    as_native_model,
     flatten_params,
     loss_function,
     unflatten_params,
@@ -95,10 +96,18 @@ class JaxBackend:
         if options.deterministic and options.device != "cpu":
             _request_deterministic_gpu_ops()
         self.jax_device = _resolve_device(options.device)
-        apply, params, self.portable = as_apply_and_params(model, options.seed)
+        self.portable = _is_portable(model)
+        if self.portable:
+            program, params, model_state = (
+                model,
+                model.init_params(options.seed, np.float32),
+                model.init_state(np.float32),
+            )
+        else:
+            program, params, model_state = as_native_model(model)
         _, self.classification = loss_function(options.loss)
         self._fn = functions(
-            model if self.portable else apply,
+            program,
             options.loss,
             options.optimizer,
             precision="highest" if options.deterministic else None,
@@ -107,13 +116,15 @@ class JaxBackend:
         )
         self._settings = self._put(settings(options.seed, options.grad_clip_norm))
         self.trace_counts = self._fn.trace_counts
-        # The state dict lists parameters in the model's own order (layer by layer for MLP),
-        # not in the sorted order of a JAX dict pytree.
-        self._names = list(params) if _is_flat_dict(params) else list(flatten_params(params))
+        self._names = _names(params)
+        self._state_names = _names(model_state)
         params = jax.tree.map(lambda a: self._put(np.asarray(a, np.float32)), params)
-        self._template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+        model_state = jax.tree.map(lambda a: self._put(_state_array(a)), model_state)
+        self._template = _template(params)
+        self._state_template = _template(model_state)
         self._state = DeviceState(
             params,
+            model_state,
             self._put(self._fn.init_opt_state(params)),
             self._put(initial_counters()),
             self._fresh_losses(),
@@ -189,9 +200,11 @@ class JaxBackend:
         """Train-mode forward; keeps the VJP for backward and returns the loss (no host sync)."""
         x, y = self._arrays(batch)
         micro = np.int32(self._micro_batch)
-        loss, self._vjp = self._fn.forward(
-            self._state.params, x, y, self._settings, self._state.counters, micro
+        state = self._state
+        loss, self._vjp, model_state = self._fn.forward(
+            state.params, state.model_state, x, y, self._settings, state.counters, micro
         )
+        self._state = state._replace(model_state=model_state)
         self._micro_batch += 1
         return loss
 
@@ -256,9 +269,10 @@ class JaxBackend:
         return [next(read if type(v) is losslog.LossRef else converted) for v in values]
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
-        """Eval-mode batch means (``loss``, ``accuracy`` for classification): no dropout."""
+        """Eval-mode batch means (``loss``, ``accuracy`` for classification): no dropout, the
+        model state read and left unchanged."""
         x, y = self._arrays(batch)
-        return self._fn.evaluate(self._state.params, x, y)
+        return self._fn.evaluate(self._state.params, self._state.model_state, x, y)
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 
@@ -307,14 +321,16 @@ class JaxBackend:
     # -- state --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters and optimizer state as host numpy copies under canonical names."""
+        """Parameters, model state and optimizer state as host numpy copies, canonical names."""
         host = jax.device_get(self._state)
         params = flatten_params(host.params)
+        model_state = flatten_params(host.model_state)
         slots = {
             k: flatten_params(v)
             for k, v in export_slots(self.options.optimizer, host.opt_state).items()
         }
         state = {f"model.{k}": np.array(params[k], np.float32) for k in self._names}
+        state.update({f"model.{k}": np.array(model_state[k]) for k in self._state_names})
         state["optimizer.step"] = np.asarray(int(host.counters[APPLIED]), np.int64)
         for name in self._names:
             for suffix, values in slots.items():
@@ -329,17 +345,24 @@ class JaxBackend:
         if not 0 <= step < 2**31:
             raise ConfigError(f"optimizer.step must be in [0, 2**31) here, got {step}")
         device_array = lambda a: self._put(np.array(a, np.float32))  # noqa: E731
-        params = unflatten_params(self._template, {k: device_array(v) for k, v in model.items()})
+        params = unflatten_params(self._template, {k: device_array(model[k]) for k in self._names})
+        dtypes = {k: v.dtype for k, v in flatten_params(self._state_template).items()}
+        model_state = unflatten_params(
+            self._state_template, {k: self._put(np.array(model[k], dtypes[k])) for k in dtypes}
+        )
         slots = {
             suffix: unflatten_params(
-                self._template, {name: device_array(opt[f"{name}.{suffix}"]) for name in model}
+                self._template,
+                {name: device_array(opt[f"{name}.{suffix}"]) for name in self._names},
             )
             for suffix in self.options.optimizer.state_suffixes
         }
         opt_state = self._put(import_slots(self._fn.init_opt_state(params), slots, step))
         counters = np.asarray(self._state.counters).copy()  # the skips and the log go on
         counters[APPLIED] = step
-        self._state = DeviceState(params, opt_state, self._put(counters), self._state.losses)
+        self._state = DeviceState(
+            params, model_state, opt_state, self._put(counters), self._state.losses
+        )
         self._micro_batch = 0
 
     def rng_state(self) -> dict[str, Any]:
@@ -362,6 +385,31 @@ def _is_flat_dict(params: Any) -> bool:
     return isinstance(params, Mapping) and not any(
         isinstance(v, (Mapping, list, tuple)) for v in params.values()
     )
+
+
+def _is_portable(model: Any) -> bool:
+    """Whether ``model`` is a :mod:`unitrain.models` description (weights drawn in numpy)."""
+    return all(callable(getattr(model, name, None)) for name in ("init_params", "init_state"))
+
+
+def _names(tree: Any) -> list[str]:
+    """State-dict names in the model's own order (layer by layer for a portable model), not in
+    the sorted order of a JAX dict pytree."""
+    return list(tree) if _is_flat_dict(tree) else list(flatten_params(tree))
+
+
+def _template(tree: Any) -> Any:
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+
+
+def _state_array(value: Any) -> np.ndarray:
+    """A model-state leaf on the host: floats in float32 (x64 is off), integers in int32."""
+    array = np.asarray(value)
+    if array.dtype.kind == "f":
+        return array.astype(np.float32)
+    if array.dtype.kind in "iub":
+        return array.astype(np.int32 if array.dtype.kind != "b" else np.bool_)
+    raise ConfigError(f"model state must hold numbers, got an array of {array.dtype}")
 
 
 def _lrs(lrs: Any) -> np.ndarray:

@@ -1,10 +1,16 @@
 """The PyTorch backend: any ``nn.Module`` with a loss, or :class:`unitrain.models.MLP`.
 
+The model's state dict is the module's own: parameters and persistent buffers (BatchNorm
+running statistics and counters) under their ``module.state_dict()`` names, so a checkpoint's
+``model.safetensors`` loads straight into the native module with ``load_state_dict``.
+
 PyTorch's optimizers are the reference formulas, so the native ``torch.optim`` classes are
-used for SGD and Adam. AdamW is the exception: ``torch.optim.AdamW`` decays the weights in a
-separate multiply before the Adam step, which rounds differently from the reference's single
-``p -= lr * (u + wd * p)`` and drifts close to 1e-6 over 100 float32 steps, so it is computed
-here with ``torch._foreach`` ops in the reference's form.
+used for SGD and Adam, each on the fastest kernel that computes correctly for this device and
+dtype (:mod:`._torch_kernels` decides by running them). AdamW is the exception:
+``torch.optim.AdamW`` decays the weights in a separate multiply before the Adam step, which
+rounds differently from the reference's single ``p -= lr * (u + wd * p)`` and drifts close
+to 1e-6 over 100 float32 steps, so it is computed here with ``torch._foreach`` ops in the
+reference's form.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch import nn
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.backends._torch_kernels import build_optimizer, finite_check
 from unitrain.models import MLP, AbstractLayer
 from unitrain.state import check_state, split_state
 
@@ -121,8 +128,7 @@ class TorchBackend:
         # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
         self._host_batches = self.torch_device.type == "cpu" and self.dtype != torch.bfloat16
         self._numpy_dtype = _numpy_dtype(self.dtype)
-        self._found_inf = torch.zeros(1, device=self.torch_device)
-        self._one = torch.ones(1, device=self.torch_device)
+        self._all_finite = finite_check(self.torch_device, self.dtype)
         if isinstance(self.module, TorchMLP) and model.dropout:
             self.module.generator = torch.Generator(self.torch_device)
 
@@ -205,15 +211,13 @@ class TorchBackend:
     def _gradients_finite(self, grads: list[torch.Tensor]) -> bool:
         """Clip ``grads`` in place if configured; return whether they are all finite.
 
-        Without clipping, the check is GradScaler's fused kernel (one pass, multiplying by an
-        exact 1.0), about ten times cheaper than a global norm on small models. On CPU the
-        read of the flag costs nothing; on CUDA it is the one sync per step the guard costs.
+        Without clipping, the check is the cheapest one this device and dtype support (see
+        :func:`._torch_kernels.finite_check`). On CPU the read of the flag costs nothing; on
+        CUDA it is the one sync per step the guard costs.
         """
         clip = self.options.grad_clip_norm
         if clip is None:
-            self._found_inf.zero_()
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, self._one)
-            return not bool(self._found_inf)
+            return bool(self._all_finite(grads))
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         if not bool(torch.isfinite(norm)):
             return False
@@ -286,7 +290,7 @@ class TorchBackend:
         return tensors
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters and optimizer state as host numpy copies, canonical names."""
+        """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
         state = {f"model.{k}": _to_numpy(v) for k, v in self.tensors.items()}
         shapes = {f"{k}.": v.shape for k, v in self.params.items()}
         for key, tensor in self._optimizer_tensors().items():
@@ -299,13 +303,18 @@ class TorchBackend:
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Copy parameters and optimizer state in; names and shapes must match exactly."""
+        """Copy parameters, buffers and optimizer state in; names and shapes must match exactly.
+
+        The torch optimizer's state goes in through its own ``load_state_dict``, which puts
+        each tensor where the chosen kernel wants it (a fused Adam keeps ``step`` on the
+        parameters' device, the others on the CPU).
+        """
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         self._step = int(opt.pop("step"))
         with torch.no_grad():
             for name, tensor in self.tensors.items():
-                tensor.copy_(torch.from_numpy(np.require(model[name], requirements="CW")))
+                tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
         spec = self.options.optimizer
         device_tensor = lambda a: torch.from_numpy(np.array(a)).to(self.torch_device, self.dtype)  # noqa: E731
         if isinstance(spec, optim.AdamW):
@@ -314,18 +323,26 @@ class TorchBackend:
                 for kind in ("exp_avg", "exp_avg_sq")
             }
         else:
-            self.optimizer.state.clear()
-            for name, p in self.params.items():
-                if isinstance(spec, optim.Adam):
-                    self.optimizer.state[p] = {
-                        "step": torch.tensor(float(self._step)),
-                        "exp_avg": device_tensor(opt[f"{name}.exp_avg"]),
-                        "exp_avg_sq": device_tensor(opt[f"{name}.exp_avg_sq"]),
-                    }
-                elif spec.momentum:
-                    self.optimizer.state[p] = {
-                        "momentum_buffer": device_tensor(opt[f"{name}.momentum"])
-                    }
+            slots: dict[str, str] = {}
+            if isinstance(spec, optim.Adam):
+                slots = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+            elif spec.momentum:
+                slots = {"momentum_buffer": "momentum"}
+            saved = self.optimizer.state_dict()
+            saved["state"] = {
+                index: {
+                    torch_name: torch.from_numpy(np.array(opt[f"{name}.{slot}"]))
+                    for torch_name, slot in slots.items()
+                }
+                | (
+                    {"step": torch.tensor(float(self._step))}
+                    if isinstance(spec, optim.Adam)
+                    else {}
+                )
+                for index, name in enumerate(self.params)
+                if slots
+            }
+            self.optimizer.load_state_dict(saved)
         self._micro_batch = 0
 
     def rng_state(self) -> dict[str, Any]:
@@ -382,14 +399,13 @@ def _loss_function(loss: Any) -> tuple[Any, bool]:
 
 
 def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer of ``spec``, on its fused kernel where this torch has one.
+    """The torch optimizer of ``spec``, on the fastest kernel that is correct here.
 
     torch uses fused or multi-tensor kernels by default only when every parameter is on CUDA;
     on the CPU it loops over the parameters in Python, one op per tensor. For the 32-64-10 MLP
     of the W2 benchmark SGD's step costs 27 µs that way and 8 µs fused, of a ~150 µs step
-    (benchmarks/README.md). The formulas are the same; the optimizer tests hold the result to
-    the float64 reference. A torch without the fused kernel for these parameters gets the
-    multi-tensor one.
+    (benchmarks/README.md). The formulas are the same, but not every kernel exists, or is
+    right, for every device and dtype: :func:`._torch_kernels.build_optimizer` probes them.
     """
     if isinstance(spec, optim.AdamW):
         # AdamW's update is computed by hand (see the module doc); a plain SGD object with lr 0
@@ -402,10 +418,7 @@ def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch
         kind = torch.optim.SGD
         settings = {"momentum": spec.momentum, "nesterov": spec.nesterov}
     settings["weight_decay"] = spec.weight_decay
-    try:
-        return kind(params, lr=0.0, fused=True, **settings)
-    except RuntimeError:  # no fused kernel for this device or dtype in this torch
-        return kind(params, lr=0.0, foreach=True, **settings)
+    return build_optimizer(kind, params, settings)
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -156,3 +156,126 @@ def test_to_host_keeps_the_loss_dtype():
     stacked, single = backend.to_host([loss, loss]), backend.to_host([loss, loss[None]])
     assert stacked[0].dtype == np.float64 and float(stacked[0]) == float(loss.item())
     assert single[0].dtype == np.float64
+
+
+# -- kernels chosen by probing ---------------------------------------------------------------
+
+
+class _FusedLosesUpdates(torch.optim.SGD):
+    """An SGD whose fused kernel silently drops the update (as torch 2.13's does for
+    bfloat16 on the CPU): the probe must not pick it."""
+
+    def step(self, closure=None):
+        if self.defaults.get("fused"):
+            return None
+        return super().step(closure)
+
+
+class _ForeachMissing(torch.optim.SGD):
+    def __init__(self, params, **kwargs):
+        if kwargs.get("foreach") or kwargs.get("fused"):
+            raise RuntimeError("no such kernel in this build")
+        super().__init__(params, **kwargs)
+
+
+def test_a_kernel_that_loses_updates_or_is_missing_is_not_chosen():
+    from unitrain.backends._torch_kernels import optimizer_kernel
+
+    settings = (("momentum", 0.9),)
+    cpu = torch.device("cpu")
+    assert optimizer_kernel(_FusedLosesUpdates, settings, cpu, torch.float32) == "foreach"
+    assert optimizer_kernel(_ForeachMissing, settings, cpu, torch.float32) == "plain"
+    assert optimizer_kernel(torch.optim.SGD, settings, cpu, torch.float32) == "fused"
+
+
+@pytest.mark.parametrize("spec", [optim.SGD(momentum=0.9), optim.Adam()], ids=["sgd", "adam"])
+def test_bfloat16_updates_move_every_parameter(spec):
+    backend = TorchBackend(MODEL, BackendOptions(optimizer=spec, dtype="bfloat16", device="cpu"))
+    before = backend.state_dict()
+    _one_update(backend, data(16), 0.1)
+    after = backend.state_dict()
+    for name in ("model.layers.0.weight", "model.layers.1.weight", "model.layers.1.bias"):
+        assert not np.array_equal(before[name], after[name]), name
+
+
+def _one_update(backend, batch, lr):
+    backend.forward(batch)
+    backend.backward()
+    backend.step(lr)
+
+
+def test_the_finite_check_falls_back_where_the_amp_kernel_is_missing(monkeypatch):
+    from unitrain.backends import _torch_kernels
+
+    def missing(grads, found, inv_scale):
+        raise NotImplementedError("not implemented for 'BFloat16'")
+
+    _torch_kernels._amp_check_works.cache_clear()
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", missing)
+    try:
+        check = _torch_kernels.finite_check(torch.device("cpu"), torch.bfloat16)
+        finite = [torch.ones(5, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)]
+        assert bool(check(finite))
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            grads = [g.clone() for g in finite]
+            grads[1][2] = bad
+            assert not bool(check(grads))
+        huge = [torch.full((64,), 3e38, dtype=torch.bfloat16)]  # an L2 norm would overflow
+        assert bool(check(huge))
+    finally:
+        _torch_kernels._amp_check_works.cache_clear()
+
+
+# -- buffers are model state -----------------------------------------------------------------
+
+
+class _BatchNormNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x.reshape(-1, 1, 4, 4))))
+        return self.head(h.mean(dim=(2, 3)))
+
+
+def _images(n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    return x, (x[:, :3].argmax(axis=1)).astype(np.int64)
+
+
+def test_buffers_are_saved_restored_and_left_alone_by_evaluate():
+    backend = TorchBackend(_BatchNormNet(), BackendOptions(optimizer=optim.SGD(momentum=0.9)))
+    state = backend.state_dict()
+    for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+        assert f"model.{name}" in state
+        assert f"optimizer.{name}.momentum" not in state  # buffers have no optimizer slots
+    assert state["model.bn.num_batches_tracked"].dtype == np.int64
+    _one_update(backend, _images(), 0.1)
+    trained = backend.state_dict()
+    assert not np.array_equal(trained["model.bn.running_mean"], state["model.bn.running_mean"])
+    assert int(trained["model.bn.num_batches_tracked"]) == 1
+    backend.evaluate(_images(seed=1))
+    after_eval = backend.state_dict()
+    for key in trained:
+        np.testing.assert_array_equal(after_eval[key], trained[key], err_msg=key)
+    fresh = TorchBackend(_BatchNormNet(), BackendOptions(optimizer=optim.SGD(momentum=0.9)))
+    fresh.load_state_dict(trained)
+    for key, value in fresh.state_dict().items():
+        np.testing.assert_array_equal(value, trained[key], err_msg=key)
+    # The model part loads straight into the native module.
+    native = _BatchNormNet()
+    native.load_state_dict(
+        {
+            k.removeprefix("model."): torch.from_numpy(v)
+            for k, v in trained.items()
+            if k.startswith("model.")
+        }
+    )
+    torch.testing.assert_close(
+        native.bn.running_var, torch.from_numpy(trained["model.bn.running_var"])
+    )

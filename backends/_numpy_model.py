@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from unitrain._errors import ConfigError
+from unitrain.backends._numpy_layers import LEAVES, Node, Run
 from unitrain.models import (
     GELU,
     MLP,
@@ -18,8 +19,6 @@ from unitrain.models import (
     Sequential,
     TransformerBlock,
 )
-
-from ._numpy_layers import LEAVES, Node, Run
 
 __all__ = ["build"]
 

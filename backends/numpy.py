@@ -17,11 +17,10 @@ import numpy as np
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.backends._numpy_layers import Run
+from unitrain.backends._numpy_model import build
 from unitrain.models import AbstractLayer
 from unitrain.state import check_state, split_state
-
-from ._numpy_layers import Run
-from ._numpy_model import build
 
 __all__ = ["NumpyBackend"]
 

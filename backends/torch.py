@@ -30,10 +30,9 @@ from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._torch_kernels import build_optimizer, finite_check
+from unitrain.backends._torch_layers import build_portable
 from unitrain.models import MLP, AbstractLayer
 from unitrain.state import check_state, split_state
-
-from ._torch_layers import build_portable
 
 __all__ = ["TorchBackend", "TorchMLP"]
 

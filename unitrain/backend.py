@@ -87,8 +87,8 @@ def _default_optimizer() -> Optimizer:
 class Backend(Protocol):
     """One framework's implementation of forward, backward, step and state.
 
-    A backend class is constructed as ``cls(model, options)`` where ``model`` is a
-    :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
+    A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
+    :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
     the devices usable on this machine (``unitrain backends`` shows it).
     """

@@ -80,7 +80,9 @@ class JaxBackend:
     """
 
     name = "jax"
-    capabilities = Capabilities(devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True)
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True, portable_layers=True
+    )
 
     @staticmethod
     def available_devices() -> tuple[str, ...]:

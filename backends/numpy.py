@@ -29,7 +29,9 @@ class NumpyBackend:
     """Reference implementation of the :class:`unitrain.backend.Backend` protocol."""
 
     name = "numpy"
-    capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"))
+    capabilities = Capabilities(
+        devices=("cpu",), dtypes=("float32", "float64"), portable_layers=True
+    )
 
     @staticmethod
     def available_devices() -> tuple[str, ...]:

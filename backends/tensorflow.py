@@ -65,7 +65,11 @@ class TensorFlowBackend:
 
     name = "tensorflow"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
+        devices=("cpu", "gpu"),
+        dtypes=tuple(_DTYPES),
+        fused_step=True,
+        bit_exact_resume=True,
+        portable_layers=True,
     )
 
     @staticmethod

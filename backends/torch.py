@@ -77,7 +77,10 @@ class TorchBackend:
 
     name = "torch"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
+        devices=("cpu", "gpu"),
+        dtypes=("float32", "float64", "bfloat16"),
+        fused_step=False,
+        portable_layers=True,
     )
 
     @staticmethod

@@ -42,6 +42,10 @@ class Capabilities:
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
             checkpoints use canonical names and load in other backends.
+        portable_layers: whether it builds every layer of :mod:`unitrain.models` (conv nets,
+            BatchNorm state, Transformers), not only the MLP; the kit's ``layers`` and
+            ``model_state`` families need it. Off by default, so a backend written before
+            the layers existed is told what it lacks instead of failing.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -49,6 +53,7 @@ class Capabilities:
     fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
+    portable_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

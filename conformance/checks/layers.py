@@ -105,7 +105,8 @@ def _register() -> None:
             check_layer(ctx, layer, shape)
 
         run.__qualname__ = f"layers_{name}"
-        add_check("layers", name, run, description=f"{layer.describe()}: output and gradients")
+        description = f"{layer.describe()}: output and gradients"
+        add_check("layers", name, run, requires=("portable_layers",), description=description)
 
 
 _register()

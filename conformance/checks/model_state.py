@@ -23,6 +23,8 @@ MODEL = Sequential(
 )
 OPTIMIZER = optim.SGD(momentum=0.9)
 STEPS = 4
+#: BatchNorm and convolutions are layers beyond the MLP.
+REQUIRES = ("portable_layers",)
 
 
 def _batches(ctx: Context) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -52,7 +54,7 @@ def _reference_trained(ctx: Context, start: dict[str, np.ndarray]) -> Any:
     return reference
 
 
-@check("model_state", "statistics_after_steps")
+@check("model_state", "statistics_after_steps", requires=REQUIRES)
 def statistics_after_steps(ctx: Context) -> None:
     """BatchNorm running mean and unbiased variance after k updates equal the reference's."""
     start = ctx.make(MODEL, optimizer=OPTIMIZER).state_dict()
@@ -65,7 +67,7 @@ def statistics_after_steps(ctx: Context) -> None:
     ctx.compare("running statistics", _statistics(ours), _statistics(theirs), "training")
 
 
-@check("model_state", "evaluate_uses_and_keeps_state")
+@check("model_state", "evaluate_uses_and_keeps_state", requires=REQUIRES)
 def evaluate_uses_and_keeps_state(ctx: Context) -> None:
     """evaluate normalises with the running statistics and leaves every tensor unchanged."""
     backend = _trained(ctx)
@@ -78,7 +80,7 @@ def evaluate_uses_and_keeps_state(ctx: Context) -> None:
     ctx.compare("evaluate loss", ours, float(reference.evaluate(batch)["loss"]), "evaluate")
 
 
-@check("model_state", "checkpoint_round_trip")
+@check("model_state", "checkpoint_round_trip", requires=REQUIRES)
 def checkpoint_round_trip(ctx: Context) -> None:
     """The state dict, statistics included, loads into a fresh backend bit for bit."""
     saved = copy_state(_trained(ctx).state_dict())
@@ -87,7 +89,7 @@ def checkpoint_round_trip(ctx: Context) -> None:
     ctx.require_identical("state after load", fresh.state_dict(), saved)
 
 
-@check("model_state", "resume_exact")
+@check("model_state", "resume_exact", requires=REQUIRES)
 def resume_exact(ctx: Context) -> None:
     """Stopping after half the updates and resuming in a fresh backend equals not stopping."""
     straight = _trained(ctx).state_dict()

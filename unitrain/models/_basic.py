@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain._errors import ConfigError, DataError
 from unitrain.models._base import (
     AbstractLayer,
     Shape,
@@ -28,6 +28,7 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "chain_output_shape",
     "uniform_fan_in",
 ]
 
@@ -151,8 +152,6 @@ def _check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
 
 def chain_output_shape(owner: AbstractLayer, shape: Shape) -> Shape:
     """Run shape inference through ``owner``'s children in order, naming the one that fails."""
-    from unitrain._errors import DataError
-
     for name, layer in owner.children():
         try:
             shape = layer.output_shape(shape)

@@ -51,7 +51,6 @@ class MLP(AbstractLayer, type_name="mlp"):
     sizes: tuple[int, ...]
     activation: str = "relu"
     dropout: float = 0.0
-    kind: ClassVar[str] = "mlp"
     # The stream the MLP's weights were always drawn from, so that seeds reproduce them.
     _seed_tag: ClassVar[int] = 0x4D4C50
 

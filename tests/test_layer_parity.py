@@ -12,8 +12,17 @@ from _layer_parity import FRAMEWORKS, errors
 
 from unitrain.conformance._layer_cases import LAYER_CASES
 
+# torch runs by default (4 s); JAX's and TensorFlow's eager ops take 20 s and 5 s for the
+# table, so they run with the slow tests. The conformance kit's layers family holds every
+# backend to the reference through the protocol in the default run as well.
 CASES = [
-    pytest.param(framework, layer, shape, id=f"{framework}-{name}")
+    pytest.param(
+        framework,
+        layer,
+        shape,
+        id=f"{framework}-{name}",
+        marks=[pytest.mark.slow] if framework != "torch" else [],
+    )
     for framework in FRAMEWORKS
     for name, layer, shape in LAYER_CASES
 ]

@@ -72,6 +72,13 @@ def _sent(model_name: str, backend_name: str) -> dict[str, np.ndarray]:
     return backend.state_dict()
 
 
+@functools.cache
+def _fresh(backend_name: str, model_name: str):
+    """One backend per model and backend, reused: every test loads its state or only makes
+    it refuse inputs."""
+    return get_backend(backend_name)(MODELS[model_name], _options())
+
+
 PAIRS = [
     pytest.param(model, sender, receiver, id=f"{model}-{sender}-to-{receiver}")
     for model in MODELS
@@ -83,7 +90,7 @@ PAIRS = [
 def test_a_checkpoint_carries_over_between_backends(model_name, sender, receiver):
     state = _sent(model_name, sender)
     model = MODELS[model_name]
-    loaded = get_backend(receiver)(model, _options())
+    loaded = _fresh(receiver, model_name)  # load_state_dict replaces everything it holds
     loaded.load_state_dict(state)
     for key, value in loaded.state_dict().items():  # the round trip is exact
         assert value.dtype == state[key].dtype and np.array_equal(value, state[key]), key
@@ -131,7 +138,7 @@ def test_a_checkpoint_carries_over_between_backends(model_name, sender, receiver
 def test_every_backend_refuses_inputs_the_model_cannot_read(
     backend_name, model_name, inputs, message
 ):
-    backend = get_backend(backend_name)(MODELS[model_name], _options())
+    backend = _fresh(backend_name, model_name)
     targets = np.zeros(inputs.shape[: 2 if model_name == "transformer" else 1], int)
     with pytest.raises(DataError, match=message):
         backend.evaluate((inputs, targets))

@@ -61,7 +61,7 @@ from unitrain.backends._jax_model import (
     unflatten_params,
 )
 from unitrain.backends._jax_optim import export_slots, import_slots
-from unitrain.models import AbstractLayer
+from unitrain.models import AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["JaxBackend", "JaxModel"]
@@ -100,9 +100,8 @@ class JaxBackend:
             _request_deterministic_gpu_ops()
         self.jax_device = _resolve_device(options.device)
         self.portable = _is_portable(model)
-        self._portable = model if isinstance(model, AbstractLayer) else None
-        self._checked_shape: tuple[int, ...] | None = None
-        self._tokens = self._portable is not None and self._portable.input_kind == "tokens"
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         if self.portable:
             program, params, model_state = (
                 model,
@@ -167,9 +166,8 @@ class JaxBackend:
         turns int64 labels into int32 there too (x64 is off), cheaper than ``astype``.
         """
         x, y = batch
-        if self._portable is not None and (self._tokens or x.shape[1:] != self._checked_shape):
-            self._portable.check_input(x)  # once per input shape; token ids every batch
-            self._checked_shape = x.shape[1:]
+        if self._input_check is not None:
+            self._input_check(x)
         if self._tokens and not isinstance(x, jax.Array):
             x = np.asarray(x, np.int32)  # ids are in range: checked above
         if (

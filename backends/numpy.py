@@ -19,7 +19,7 @@ from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._numpy_layers import Run
 from unitrain.backends._numpy_model import build
-from unitrain.models import AbstractLayer
+from unitrain.models import AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
@@ -62,6 +62,7 @@ class NumpyBackend:
         self.opt_state = optim.init_state(options.optimizer, self.params)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self._root = build(model)
+        self._input_check = InputCheck(model)
         self._micro_batch = 0
         self._skipped = 0
 
@@ -79,8 +80,8 @@ class NumpyBackend:
 
     def _run(self, x: Any, train: bool) -> np.ndarray:
         """Forward pass; in train mode every node keeps what its backward needs."""
-        self.model.check_input(x)
-        x = np.asarray(x) if self.model.input_kind == "tokens" else np.asarray(x, self.dtype)
+        self._input_check(x)
+        x = np.asarray(x) if self._input_check.tokens else np.asarray(x, self.dtype)
         seed = [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
         run = Run(self.params, self.model_state, self.grads, train=train, dropout_seed=seed)
         return self._root.forward(x, run)

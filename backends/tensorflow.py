@@ -44,7 +44,7 @@ from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _tensorflow_ops as ops
 from unitrain.backends._tensorflow_layers import TFPortable
-from unitrain.models import MLP, AbstractLayer
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
@@ -117,9 +117,8 @@ class TensorFlowBackend:
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.loss_fn, self.classification = ops.loss_function(options.loss)
         self._dropout = isinstance(model, AbstractLayer) and model.drops_out
-        self._portable = model if isinstance(model, AbstractLayer) else None
-        self._checked_shape: tuple[int, ...] | None = None
-        self._tokens = self._portable is not None and self._portable.input_kind == "tokens"
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
         self._functions: dict[tuple[Any, ...], Any] = {}
         self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
@@ -141,9 +140,8 @@ class TensorFlowBackend:
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch
-        if self._portable is not None and (self._tokens or x.shape[1:] != self._checked_shape):
-            self._portable.check_input(x)  # once per input shape; token ids every batch
-            self._checked_shape = x.shape[1:]
+        if self._input_check is not None:
+            self._input_check(x)
         x = tf.convert_to_tensor(x)
         if x.dtype != self.dtype and not self._tokens:
             x = tf.cast(x, self.dtype)

@@ -31,7 +31,7 @@ from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._torch_kernels import build_optimizer, finite_check
 from unitrain.backends._torch_layers import build_portable
-from unitrain.models import MLP, AbstractLayer
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend", "TorchMLP"]
@@ -118,9 +118,8 @@ class TorchBackend:
         self.params = dict(self.module.named_parameters())
         #: Parameters and persistent buffers under their state-dict names, in the module's order.
         self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
-        self._portable = model if isinstance(model, AbstractLayer) else None
-        self._checked_shape: tuple[int, ...] | None = None
-        self._tokens = self._portable is not None and self._portable.input_kind == "tokens"
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = _loss_function(options.loss)
         self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
@@ -146,9 +145,8 @@ class TorchBackend:
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
-        if self._portable is not None and (self._tokens or x.shape[1:] != self._checked_shape):
-            self._portable.check_input(x)  # once per input shape; token ids every batch
-            self._checked_shape = x.shape[1:]
+        if self._input_check is not None:
+            self._input_check(x)
         if self._tokens:
             x = torch.as_tensor(x).to(self.torch_device, torch.int64)
         elif self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from unitrain._errors import ConfigError
-from unitrain.models._base import AbstractLayer, Shape, layer_from_dict
+from unitrain.models._base import AbstractLayer, InputCheck, Shape, layer_from_dict
 from unitrain.models._basic import (
     GELU,
     Dropout,
@@ -68,6 +68,7 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GlobalAvgPool",
+    "InputCheck",
     "LayerNorm",
     "Linear",
     "MaxPool2d",

@@ -23,6 +23,7 @@ from unitrain._errors import ConfigError, DataError
 
 __all__ = [
     "AbstractLayer",
+    "InputCheck",
     "Shape",
     "as_pair",
     "check_float",
@@ -198,6 +199,29 @@ class AbstractLayer(abc.ABC):
     def to_json(self) -> str:
         """Return :meth:`to_dict` as a JSON string."""
         return json.dumps(self.to_dict(), allow_nan=False)
+
+
+class InputCheck:
+    """Refuses the batches a model cannot read, cheaply enough to run before every step.
+
+    The shape of an example is checked once per distinct shape (shape inference walks the
+    whole model); token ids are checked in every batch, since any batch may hold a bad one.
+
+    Args:
+        model: the portable model the batches are for.
+    """
+
+    def __init__(self, model: AbstractLayer) -> None:
+        self.model = model
+        #: Whether the model reads integer token ids (they must stay integers).
+        self.tokens = model.input_kind == "tokens"
+        self._checked: tuple[int, ...] | None = None
+
+    def __call__(self, inputs: Any) -> None:
+        """Raise DataError unless ``inputs`` (a batch) fits the model."""
+        if self.tokens or tuple(inputs.shape[1:]) != self._checked:
+            self.model.check_input(inputs)
+            self._checked = tuple(inputs.shape[1:])
 
 
 def _join(prefix: str, name: str) -> str:

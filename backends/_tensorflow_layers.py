@@ -126,13 +126,28 @@ def _normalize(x: tf.Tensor, mean: Any, var: Any, eps: float) -> tf.Tensor:
     return (x - mean) * tf.math.rsqrt(var + tf.constant(eps, x.dtype))
 
 
+def _moments(x: tf.Tensor, axes: list[int], keepdims: bool = False) -> tuple[Any, Any]:
+    """Mean and biased variance over ``axes``, accurate in float32.
+
+    TensorFlow's CPU ``reduce_mean`` adds in float32 with an error that grows with the count
+    (``tf.nn.moments`` too): over a 32x8x8 batch whose channel mean is 10 its mean is off by
+    4e-5 of the channel's spread, which moved a ResNet 1e-3 away from the reference within
+    ten updates. The mean of the residuals ``x - mean`` corrects it (those are small, so
+    their sum's error is too); the variance is then taken around the corrected mean.
+    """
+    mean = tf.reduce_mean(x, axes, keepdims=True)
+    mean += tf.reduce_mean(x - mean, axes, keepdims=True)
+    var = tf.reduce_mean(tf.square(x - mean), axes, keepdims=keepdims)
+    return (mean if keepdims else tf.squeeze(mean, axes)), var
+
+
 def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
     def run(x: tf.Tensor, p: _Pass) -> tf.Tensor:
         running_mean = p.variables[_name(prefix, "running_mean")]
         running_var = p.variables[_name(prefix, "running_var")]
         if p.training:
             axes = list(range(len(x.shape) - 1))
-            mean, var = tf.nn.moments(x, axes)  # biased variance, to normalise
+            mean, var = _moments(x, axes)  # biased variance, to normalise
             count = tf.cast(tf.size(x) // tf.shape(x)[-1], x.dtype)
             m = tf.constant(spec.momentum, x.dtype)
             running_mean.assign((1 - m) * running_mean + m * mean)
@@ -147,7 +162,7 @@ def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
 
 def _layer_norm(spec: LayerNorm, prefix: str) -> Layer:
     def run(x: tf.Tensor, p: _Pass) -> tf.Tensor:
-        mean, var = tf.nn.moments(x, [-1], keepdims=True)
+        mean, var = _moments(x, [-1], keepdims=True)
         out = _normalize(x, mean, var, spec.eps) * p.variables[_name(prefix, "weight")]
         return out + p.variables[_name(prefix, "bias")]
 

@@ -278,9 +278,12 @@ class TensorFlowBackend:
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key)
         grads = tape.gradient(loss, params)
-        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would.
+        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
+        # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the
+        # update rules and the gradient buffers expect.
         return loss, [
-            tf.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+            tf.zeros_like(p) if g is None else tf.convert_to_tensor(g)
+            for p, g in zip(params, grads, strict=True)
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:

@@ -144,3 +144,21 @@ def test_every_backend_refuses_inputs_the_model_cannot_read(
         backend.evaluate((inputs, targets))
     with pytest.raises(DataError, match=message):
         backend.forward((inputs, targets))
+
+
+@pytest.mark.parametrize("backend_name", backends())
+def test_every_backend_trains_a_transformer_with_adam_like_the_reference(backend_name):
+    """Adam over an embedding's sparse gradient (TensorFlow's IndexedSlices) and every other
+    parameter; attention's key bias moves by Adam's rounding noise on every backend, which
+    changes nothing (a softmax ignores a shift shared by a whole row), so losses agree."""
+    options = {"optimizer": optim.Adam(), "device": "cpu"}
+    reference = get_backend("numpy")(TRANSFORMER, BackendOptions(dtype="float64", **options))
+    backend = get_backend(backend_name)(TRANSFORMER, BackendOptions(**options))
+    for step in range(3):
+        for each in (reference, backend):
+            each.forward(_batch("transformer", step))
+            each.backward()
+            each.step(0.01)
+    batch = _batch("transformer", 9)
+    ours, theirs = backend.evaluate(batch)["loss"], reference.evaluate(batch)["loss"]
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5)

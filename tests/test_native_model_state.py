@@ -25,6 +25,8 @@ from unitrain.recipes import load_digits
 
 FRAMEWORKS = backends("torch", "jax", "tensorflow")
 EPOCHS = 3
+#: The GPU check (benchmarks/gpu_check.sh) runs these tests on the GPU.
+DEVICE = os.environ.get("UNITRAIN_TEST_DEVICE", "cpu")
 #: Where each framework keeps a running mean, as a state-dict name.
 RUNNING_MEAN = {"torch": "bn.running_mean", "jax": "bn.mean", "tensorflow": "cnn.bn.moving_mean"}
 
@@ -130,7 +132,7 @@ def make_trainer(framework: str, out: Path, extra=()):
         optimizer=optim.SGD(momentum=0.9),
         schedule=schedules.CosineDecay(0.1, 12 * EPOCHS),
         callbacks=hooks,
-        config=TrainerConfig(epochs=EPOCHS, seed=3, device="cpu", checkpoint_dir=str(out / "ckpt")),
+        config=TrainerConfig(epochs=EPOCHS, seed=3, device=DEVICE, checkpoint_dir=str(out / "ckpt")),
     )
 
 

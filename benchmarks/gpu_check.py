@@ -1,0 +1,194 @@
+"""The GPU check: the conformance kit and resume exactness on a GPU, with a verdict table.
+
+Run by ``benchmarks/gpu_check.sh`` (which installs the package first) on a machine with one
+CUDA GPU and no network. For each backend given (default: torch and jax):
+
+1. ``unitrain conformance --backend B --device gpu`` in every dtype B declares, with a JSON
+   report ``kit-B-gpu.json``;
+2. resume exactness: the default recipe for 4 epochs straight, and the same run killed by
+   SIGKILL after its second epoch then resumed with ``--resume latest``: the two final
+   checkpoints must be bit-identical; the GPU checkpoint is then evaluated on the CPU by the
+   numpy reference backend, which must find the GPU run's validation loss;
+3. the native BatchNorm CNN tests (tests/test_native_model_state.py) on the GPU: running
+   statistics checkpointed, SIGKILL + resume bit-identical, loaded back into the native model.
+
+Writes ``summary.json`` and ``summary.md`` to the output directory and prints the table.
+Exits non-zero if anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "import sys; from unitrain.cli import main; sys.exit(main())"]
+
+
+def kit(backend: str, out: Path, device: str) -> dict:
+    """Run the kit on the GPU; the verdict and the counts per dtype from the JSON report."""
+    report = out / f"kit-{backend}-{device}.json"
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*CLI, "conformance", "--backend", backend, "--device", device, "--report", str(report)],
+        capture_output=True,
+        text=True,
+    )
+    (out / f"kit-{backend}-{device}.txt").write_text(done.stdout + done.stderr)
+    counts: dict[str, dict[str, int]] = {}
+    failures: list[str] = []
+    if report.exists():
+        for record in json.loads(report.read_text())["checks"]:
+            per_dtype = counts.setdefault(record["dtype"], {})
+            per_dtype[record["status"]] = per_dtype.get(record["status"], 0) + 1
+            if record["status"] == "failed":
+                failures.append(f"{record['id']}: {record['reason']}")
+    verdict = [line for line in done.stdout.splitlines() if line.startswith("verdict:")]
+    return {
+        "check": f"kit {backend} {device}",
+        "ok": done.returncode == 0,
+        "verdict": verdict[-1] if verdict else done.stderr.strip()[-500:],
+        "counts": counts,
+        "failures": failures[:20],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _train(args: list[str]) -> None:
+    done = subprocess.run([*CLI, "train", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"unitrain train {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+
+
+def _train_then_kill(args: list[str], out: Path, after_epochs: int) -> None:
+    """Start a run and SIGKILL it once its metrics file holds ``after_epochs`` lines."""
+    process = subprocess.Popen(
+        [*CLI, "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    metrics = out / "metrics.jsonl"
+    while process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= after_epochs:
+            break
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def resume(backend: str, device: str) -> dict:
+    """Straight vs SIGKILL + resume on the GPU, then the GPU checkpoint on the numpy backend."""
+    from unitrain import Trainer, TrainerConfig, models, optim
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+    from unitrain.recipes import load_digits
+
+    straight, killed = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    common = ["--backend", backend, "--device", device, "--epochs", "4"]
+    _train([*common, "--out", str(straight)])
+    _train_then_kill([*common, "--out", str(killed)], killed, after_epochs=2)
+    _train([*common, "--out", str(killed), "--resume", "latest"])
+    a = load_checkpoint(list_checkpoints(straight / "checkpoints")[-1])
+    b = load_checkpoint(list_checkpoints(killed / "checkpoints")[-1])
+    tensors_a = {**a.model, **{f"optimizer.{k}": v for k, v in a.optimizer.items()}}
+    tensors_b = {**b.model, **{f"optimizer.{k}": v for k, v in b.optimizer.items()}}
+    identical = tensors_a.keys() == tensors_b.keys() and all(
+        np.array_equal(tensors_a[k], tensors_b[k]) for k in tensors_a
+    )
+    gpu_rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    data = load_digits()
+    reference = Trainer(
+        models.MLP((64, 128, 10)),
+        backend="numpy",
+        optimizer=optim.SGD(momentum=0.9),
+        config=TrainerConfig(epochs=1),
+    )
+    state = {f"model.{k}": v for k, v in a.model.items()}
+    state.update({f"optimizer.{k}": v for k, v in a.optimizer.items()})
+    reference.backend.load_state_dict(state)
+    on_cpu = reference.validate((data.x_val, data.y_val))
+    gpu_val_loss = gpu_rows[-1]["val_loss"]
+    agrees = abs(on_cpu["val_loss"] - gpu_val_loss) <= 1e-5 * abs(gpu_val_loss)
+    return {
+        "check": f"resume {backend} {device}",
+        "ok": identical and agrees,
+        "verdict": (
+            f"SIGKILL + resume bit-identical: {identical}; {device} val_loss {gpu_val_loss:.6f}, "
+            f"numpy CPU on its checkpoint {on_cpu['val_loss']:.6f}"
+        ),
+    }
+
+
+def native_state(backends: list[str], device: str) -> dict:
+    """The native BatchNorm CNN tests of tests/test_native_model_state.py on the GPU."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            str(ROOT / "tests" / "test_native_model_state.py"),
+            "-k",
+            " or ".join(backends),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "UNITRAIN_TEST_DEVICE": device},
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    return {
+        "check": f"native BatchNorm CNN {device}",
+        "ok": done.returncode == 0,
+        "verdict": summary,
+        "log": done.stdout[-4000:],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("backends", nargs="*", default=["torch", "jax"])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
+    parser.add_argument("--device", default="gpu", help="gpu; cpu tries the script here")
+    args = parser.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # Run from elsewhere: in the checkout, the source folder unitrain/ would shadow the
+    # installed package (whose unitrain.conformance and unitrain.backends are mapped in).
+    os.chdir(tempfile.mkdtemp())
+    rows = []
+    for backend in args.backends:
+        rows.append(kit(backend, args.out, args.device))
+        try:
+            rows.append(resume(backend, args.device))
+        except RuntimeError as error:
+            rows.append({"check": f"resume {backend}", "ok": False, "verdict": str(error)})
+    rows.append(native_state(args.backends, args.device))
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| check | ok | verdict |", "|---|---|---|"]
+    for row in rows:
+        counts = "; ".join(
+            f"{dtype}: " + ", ".join(f"{n} {status}" for status, n in sorted(c.items()))
+            for dtype, c in row.get("counts", {}).items()
+        )
+        lines.append(f"| {row['check']} | {row['ok']} | {row['verdict']} {counts} |")
+    table = "\n".join(lines)
+    (args.out / "summary.md").write_text(table + "\n")
+    print(table)
+    for row in rows:
+        for failure in row.get("failures", []):
+            print("FAILED", failure)
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,7 +30,8 @@ from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._torch_kernels import build_optimizer, finite_check
-from unitrain.models import MLP
+from unitrain.backends._torch_layers import build_portable
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend", "TorchMLP"]
@@ -94,7 +95,10 @@ class TorchBackend:
 
     name = "torch"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=("float32", "float64", "bfloat16"), fused_step=False
+        devices=("cpu", "gpu"),
+        dtypes=("float32", "float64", "bfloat16"),
+        fused_step=False,
+        portable_layers=True,
     )
 
     @staticmethod
@@ -119,6 +123,8 @@ class TorchBackend:
                 initial = model.init_params(options.seed, _numpy_dtype(self.dtype))
                 for name, value in initial.items():
                     self.module.get_parameter(name).copy_(torch.from_numpy(value))
+        elif isinstance(model, AbstractLayer):
+            self.module = build_portable(model, options.seed, self.dtype, self.torch_device)
         elif isinstance(model, nn.Module):
             self.module = model
         else:
@@ -130,6 +136,8 @@ class TorchBackend:
         self.params = dict(self.module.named_parameters())
         #: Parameters and persistent buffers under their state-dict names, in the module's order.
         self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = _loss_function(options.loss)
         self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
@@ -155,7 +163,11 @@ class TorchBackend:
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
-        if self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
+        if self._input_check is not None:
+            self._input_check(x)
+        if self._tokens:
+            x = torch.as_tensor(x).to(self.torch_device, torch.int64)
+        elif self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
             x = torch.from_numpy(x)  # the common case: no conversion, no copy, no dispatch
         else:
             x = torch.as_tensor(x).to(self.torch_device, self.dtype, non_blocking=True)
@@ -173,6 +185,8 @@ class TorchBackend:
     def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.options.loss == "mse":  # targets may come as (n,) for one output
             y = y.reshape(out.shape)
+        elif self.classification and out.ndim > 2:  # every position of (N, L, V) logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
         return self.loss_fn(out, y)
 
     def forward(self, batch: Batch) -> Any:
@@ -270,7 +284,8 @@ class TorchBackend:
             out = self.module(x)
             metrics = {"loss": self._compute_loss(out, y)}
             if self.classification:
-                metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
+                hits = out.argmax(dim=-1) == y.reshape(out.shape[:-1])
+                metrics["accuracy"] = hits.to(torch.float32).mean()
         return metrics
 
     def predict(self, inputs: Any) -> np.ndarray:

@@ -44,6 +44,10 @@ class Capabilities:
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
             checkpoints use canonical names and load in other backends.
+        portable_layers: whether it builds every layer of :mod:`unitrain.models` (conv nets,
+            BatchNorm state, Transformers), not only the MLP; the kit's ``layers`` and
+            ``model_state`` families need it. Off by default, so a backend written before
+            the layers existed is told what it lacks instead of failing.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -51,6 +55,7 @@ class Capabilities:
     fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
+    portable_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +94,8 @@ def _default_optimizer() -> Optimizer:
 class Backend(Protocol):
     """One framework's implementation of forward, backward, step and state.
 
-    A backend class is constructed as ``cls(model, options)`` where ``model`` is a
-    :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
+    A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
+    :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
     the devices usable on this machine (``unitrain backends`` shows it).
     """

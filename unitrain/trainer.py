@@ -53,7 +53,7 @@ class Trainer:
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
-        model: a :class:`unitrain.models.MLP` (portable: same weights and checkpoint layout on
+        model: a :mod:`unitrain.models` model (portable: same weights and checkpoint layout on
             every backend) or a model native to the backend.
         backend: a name (``"torch"``), ``"package.module:Class"``, a backend class, or an
             already built backend instance; None picks ``UNITRAIN_BACKEND`` or the first

@@ -106,7 +106,18 @@ def _register() -> None:
 
         run.__qualname__ = f"layers_{name}"
         description = f"{layer.describe()}: output and gradients"
-        add_check("layers", name, run, requires=("portable_layers",), description=description)
+        guards = (
+            f"{layer.describe()} computed with another convention (padding, eps, layout, weight "
+            "packing) or a wrong gradient"
+        )
+        add_check(
+            "layers",
+            name,
+            run,
+            requires=("portable_layers",),
+            description=description,
+            guards=guards,
+        )
 
 
 _register()

@@ -54,7 +54,15 @@ def _reference_trained(ctx: Context, start: dict[str, np.ndarray]) -> Any:
     return reference
 
 
-@check("model_state", "statistics_after_steps", requires=REQUIRES)
+@check(
+    "model_state",
+    "statistics_after_steps",
+    requires=REQUIRES,
+    guards=(
+        "running statistics missing from the state dict, a biased running variance, the "
+        "momentum read the Keras way (0.9 for 0.1), statistics not updated in train mode"
+    ),
+)
 def statistics_after_steps(ctx: Context) -> None:
     """BatchNorm running mean and unbiased variance after k updates equal the reference's."""
     start = ctx.make(MODEL, optimizer=OPTIMIZER).state_dict()
@@ -67,7 +75,15 @@ def statistics_after_steps(ctx: Context) -> None:
     ctx.compare("running statistics", _statistics(ours), _statistics(theirs), "training")
 
 
-@check("model_state", "evaluate_uses_and_keeps_state", requires=REQUIRES)
+@check(
+    "model_state",
+    "evaluate_uses_and_keeps_state",
+    requires=REQUIRES,
+    guards=(
+        "evaluate that updates the running statistics, or normalises with the batch's own "
+        "statistics instead of the running ones"
+    ),
+)
 def evaluate_uses_and_keeps_state(ctx: Context) -> None:
     """evaluate normalises with the running statistics and leaves every tensor unchanged."""
     backend = _trained(ctx)
@@ -80,7 +96,12 @@ def evaluate_uses_and_keeps_state(ctx: Context) -> None:
     ctx.compare("evaluate loss", ours, float(reference.evaluate(batch)["loss"]), "evaluate")
 
 
-@check("model_state", "checkpoint_round_trip", requires=REQUIRES)
+@check(
+    "model_state",
+    "checkpoint_round_trip",
+    requires=REQUIRES,
+    guards="statistics left out of load_state_dict, or restored rounded or in another dtype",
+)
 def checkpoint_round_trip(ctx: Context) -> None:
     """The state dict, statistics included, loads into a fresh backend bit for bit."""
     saved = copy_state(_trained(ctx).state_dict())
@@ -89,7 +110,12 @@ def checkpoint_round_trip(ctx: Context) -> None:
     ctx.require_identical("state after load", fresh.state_dict(), saved)
 
 
-@check("model_state", "resume_exact", requires=REQUIRES)
+@check(
+    "model_state",
+    "resume_exact",
+    requires=REQUIRES,
+    guards="statistics not restored on resume, so a resumed run drifts from the uninterrupted one",
+)
 def resume_exact(ctx: Context) -> None:
     """Stopping after half the updates and resuming in a fresh backend equals not stopping."""
     straight = _trained(ctx).state_dict()

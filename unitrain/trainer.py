@@ -18,18 +18,27 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import rng
-from unitrain._errors import CheckpointError, ConfigError, NonFiniteError
+from unitrain import _inference, rng
+from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
-from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
+from unitrain.backend import (
+    Backend,
+    BackendOptions,
+    DeviceData,
+    DeviceOutputs,
+    FusedStep,
+    MultiStep,
+    Predict,
+)
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
 from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
+from unitrain.metrics import MetricTotals, resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
@@ -51,7 +60,7 @@ class Trainer:
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
-        model: a :class:`unitrain.models.MLP` (portable: same weights and checkpoint layout on
+        model: a :mod:`unitrain.models` model (portable: same weights and checkpoint layout on
             every backend) or a model native to the backend.
         backend: a name (``"torch"``), ``"package.module:Class"``, a backend class, or an
             already built backend instance; None picks ``UNITRAIN_BACKEND`` or the first
@@ -66,6 +75,9 @@ class Trainer:
             on this process alone; an int N computes N workers' shares here, as N workers
             would. With several workers every process calls ``fit`` alike; only rank 0
             writes checkpoints, logs and the lock.
+        metrics: computed on every validation and test pass besides the loss (see
+            :mod:`unitrain.metrics`): ``Metric`` objects or built-in names such as
+            ``"top5_accuracy"``; they need a backend with ``predict``.
 
     Examples:
         >>> import numpy as np
@@ -89,6 +101,7 @@ class Trainer:
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
         strategy: Strategy | int | None = None,
+        metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
         self.model = model
@@ -118,6 +131,12 @@ class Trainer:
         if not self.strategy.is_main:  # progress bars and log files are rank 0's
             callbacks = [c for c in callbacks if not getattr(c, "main_process_only", False)]
         self.callbacks = CallbackList(callbacks)
+        self.metrics = resolve_metrics(metrics)
+        if self.metrics and not isinstance(self.backend, Predict):
+            raise ConfigError(
+                f"metrics need the backend's outputs, and the {self.backend.name} backend has no "
+                "predict(inputs); drop metrics= or use a backend that offers it"
+            )
         self.state = TrainState()
         #: Whether the current fit has validation data (callbacks check their monitors by it).
         self.has_validation = False
@@ -128,6 +147,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
+        #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
+        self.stop_reason: str | None = None
         # Workers weight their slice's loss before the engine reduces gradients, which needs
         # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
         fused_ok = config.grad_accum_steps == 1 and not self._parallel
@@ -161,6 +182,21 @@ class Trainer:
         """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
         return self._skipped_before + self.backend.skipped_steps
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch the last update belongs to, counting from 1 (0 before any update).
+
+        The one number users see: console lines, ``logs["epoch"]`` in metric files and
+        checkpoint names all use it, so a step has one name whether it is saved by step or at
+        the end of its epoch. (Hooks receive the 0-based epoch *index*, as Keras's do.)
+        """
+        return self.state.epoch + (1 if self.state.batch else 0)
+
+    def stop(self, reason: str) -> None:
+        """End training after the current update; ``reason`` says why, for the user."""
+        self.state.stop_training = True
+        self.stop_reason = reason
+
     def fit(
         self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
     ) -> list[dict[str, Any]]:
@@ -184,6 +220,7 @@ class Trainer:
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
+        self.stop_reason = None
         check_run_length(self.config, self.schedule, len(source))
         check_splittable(source, self.strategy.world_size)
         # Held until fit returns or raises: a second run on these directories is refused
@@ -248,6 +285,28 @@ class Trainer:
         source = self._source(data, "test_data", shuffle=False)
         return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
 
+    def predict(self, data: Any) -> np.ndarray:
+        """The model's outputs (eval mode) for ``data``, as one numpy array.
+
+        Args:
+            data: an inputs array (run in batches of ``config.batch_size``), ``(inputs,
+                targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
+                batches (targets are ignored).
+        """
+        return _inference.predict(self.backend, data, self.config.batch_size)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
+
+        For inference or fine-tuning: the optimizer state, the step and the callbacks stay as
+        they are (``fit(resume=...)`` restores those too). The checkpoint may come from any
+        backend that builds the same portable model.
+
+        Raises:
+            CheckpointError: the checkpoint is damaged or holds other tensors than the model.
+        """
+        _inference.load_weights(self.backend, path)
+
     def save_checkpoint(
         self,
         path: str | Path,
@@ -303,7 +362,7 @@ class Trainer:
                     self._train_steps(kind, payload, steps, batch_size)
                 if self.state.stop_training:
                     break
-        logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
+        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
         if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
@@ -444,7 +503,7 @@ class Trainer:
             )
         if policy == "stop":
             warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
-            self.state.stop_training = True
+            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
 
     def _place_on_device(self, source: BatchSource) -> None:
         """Copy the training arrays to the device once, when configured and possible."""
@@ -473,7 +532,25 @@ class Trainer:
         return metrics
 
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
-        return evaluate_over_workers(self.backend, self.strategy, source.batches(0), label)
+        if self._parallel and not self.metrics:  # each worker its slices, summed over them
+            return evaluate_over_workers(self.backend, self.strategy, source.batches(0), label)
+        # One worker, or metrics beyond the loss: every worker evaluates every example.
+        sums: dict[str, Any] = {}
+        count = 0
+        totals = MetricTotals(self.metrics)
+        for batch in source.batches(0):
+            n = len(batch[0])
+            for key, value in self.backend.evaluate(batch).items():
+                sums[key] = sums.get(key, 0.0) + value * n
+            count += n
+            if self.metrics and isinstance(self.backend, DeviceOutputs):
+                outputs, targets = self.backend.outputs(batch)  # stay on the device
+                totals.add(outputs, targets, batch[1], self.backend.array_ops)
+            elif self.metrics:
+                totals.add(self.backend.predict(batch[0]), batch[1], batch[1])
+        if count == 0:
+            raise DataError(f"{label} yielded no batches; pass at least one example")
+        return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}
 
     # -- data and resume ----------------------------------------------------------------------
 

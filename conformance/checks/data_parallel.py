@@ -99,7 +99,12 @@ def _history(outcome: dict[str, Any]) -> list[tuple[int, int, float]]:
     return [(row["epoch"], row["step"], row["lr"]) for row in outcome["history"]]
 
 
-@check("data_parallel", "workers_match_global_batch")
+@check(
+    "data_parallel",
+    "workers_match_global_batch",
+    guards="gradients summed or averaged once too often over workers (per-replica mean loss, "
+    "a pmean on shard_map's sum), a second writer, a resume that depends on the worker count",
+)
 def workers_match_global_batch(ctx: Context) -> None:
     """2 workers x batch slices equal 1 worker x global batch; rank 0 alone writes; resume."""
     if ctx.device != "cpu":

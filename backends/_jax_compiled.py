@@ -88,6 +88,7 @@ class Functions(NamedTuple):
     train_steps: Any
     train_steps_on_device: Any
     evaluate: Any
+    predict: Any
 
 
 def build_functions(
@@ -220,6 +221,7 @@ def build_functions(
         train_steps=jit(train_steps, donate_argnums=0),
         train_steps_on_device=jit(train_steps_on_device, donate_argnums=0),
         evaluate=jit(evaluate),
+        predict=jit(lambda params, state, x: apply(params, state, x, train=False, rng=None)[0]),
     )
 
 

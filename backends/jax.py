@@ -61,6 +61,7 @@ from unitrain.backends._jax_model import (
     unflatten_params,
 )
 from unitrain.backends._jax_optim import export_slots, import_slots
+from unitrain.models import AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["JaxBackend", "JaxModel"]
@@ -79,7 +80,9 @@ class JaxBackend:
     """
 
     name = "jax"
-    capabilities = Capabilities(devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True)
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"), dtypes=("float32",), fused_step=True, portable_layers=True
+    )
 
     @staticmethod
     def available_devices() -> tuple[str, ...]:
@@ -97,6 +100,8 @@ class JaxBackend:
             _request_deterministic_gpu_ops()
         self.jax_device = _resolve_device(options.device)
         self.portable = _is_portable(model)
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         if self.portable:
             program, params, model_state = (
                 model,
@@ -161,10 +166,14 @@ class JaxBackend:
         turns int64 labels into int32 there too (x64 is off), cheaper than ``astype``.
         """
         x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
+        if self._tokens and not isinstance(x, jax.Array):
+            x = np.asarray(x, np.int32)  # ids are in range: checked above
         if (
             type(x) is np.ndarray
             and type(y) is np.ndarray
-            and x.dtype is _FLOAT32  # builtin dtypes are singletons; == would coerce
+            and (x.dtype is _FLOAT32 or self._tokens)  # dtypes are singletons; == would coerce
             and (y.dtype.kind == "i" if self.classification else y.dtype is _FLOAT32)
         ):
             return x, y
@@ -273,6 +282,19 @@ class JaxBackend:
         model state read and left unchanged."""
         x, y = self._arrays(batch)
         return self._fn.evaluate(self._state.params, self._state.model_state, x, y)
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
+        return np.asarray(self._fn.predict(self._state.params, self._state.model_state, x))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = jnp
+
+    def outputs(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        """Eval-mode outputs and the targets as device arrays, for metrics."""
+        x, y = self._arrays(batch)
+        return self._fn.predict(self._state.params, self._state.model_state, x), self._put(y)
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 

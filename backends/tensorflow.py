@@ -39,11 +39,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF 
 
 import numpy as np
 import tensorflow as tf  # absolute: the framework, not this module
+import tensorflow.experimental.numpy as tnp
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _tensorflow_ops as ops
-from unitrain.models import MLP
+from unitrain.backends._tensorflow_layers import TFPortable
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
@@ -64,7 +66,11 @@ class TensorFlowBackend:
 
     name = "tensorflow"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
+        devices=("cpu", "gpu"),
+        dtypes=tuple(_DTYPES),
+        fused_step=True,
+        bit_exact_resume=True,
+        portable_layers=True,
     )
 
     @staticmethod
@@ -88,6 +94,11 @@ class TensorFlowBackend:
                 params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
                 self.module: Any = ops.TFMLP(model, params, self.dtype)
                 self.variables: dict[str, tf.Variable] = self.module.named_variables()
+            elif isinstance(model, AbstractLayer):
+                numpy_dtype = self.dtype.as_numpy_dtype
+                params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
+                self.module = TFPortable(model, params, state, self.dtype)
+                self.variables = self.module.named_variables() | self.module.named_state()
             else:
                 self.module = model
                 self.variables = ops.named_variables(model)
@@ -106,7 +117,9 @@ class TensorFlowBackend:
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.loss_fn, self.classification = ops.loss_function(options.loss)
-        self._dropout = isinstance(model, MLP) and model.dropout > 0
+        self._dropout = isinstance(model, AbstractLayer) and model.drops_out
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
         self._functions: dict[tuple[Any, ...], Any] = {}
         self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
@@ -128,8 +141,10 @@ class TensorFlowBackend:
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
         x = tf.convert_to_tensor(x)
-        if x.dtype != self.dtype:
+        if x.dtype != self.dtype and not self._tokens:
             x = tf.cast(x, self.dtype)
         y = tf.convert_to_tensor(y)
         if self.classification and y.dtype != tf.int64:
@@ -243,10 +258,23 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
+        return np.asarray(self.module(x, training=False))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = tnp
+
+    def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
+        x, y = self._tensors(batch)
+        return self.module(x, training=False), y
+
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 
     def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
-        if isinstance(self.module, ops.TFMLP):
+        if isinstance(self.module, (ops.TFMLP, TFPortable)):
             out = self.module(x, training=training, key=key)
         else:
             out = self.module(x, training=training)
@@ -264,9 +292,12 @@ class TensorFlowBackend:
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key)
         grads = tape.gradient(loss, params)
-        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would.
+        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
+        # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the
+        # update rules and the gradient buffers expect.
         return loss, [
-            tf.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+            tf.zeros_like(p) if g is None else tf.convert_to_tensor(g)
+            for p, g in zip(params, grads, strict=True)
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
@@ -342,7 +373,7 @@ class TensorFlowBackend:
         out, loss = self._model_loss(x, y, False, None)
         metrics = {"loss": loss}
         if self.classification:
-            correct = tf.equal(tf.argmax(out, axis=1, output_type=y.dtype), y)
+            correct = tf.equal(tf.argmax(out, axis=-1, output_type=y.dtype), y)
             metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
         return metrics
 

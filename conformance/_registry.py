@@ -42,6 +42,8 @@ FAMILIES = (
     "fused",
     "determinism",
     "devices",
+    "layers",
+    "model_state",
 )
 
 CheckFunction = Callable[["Context"], None]

@@ -18,6 +18,8 @@ the minimum the error is float32 rounding and passes, as it should.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -25,7 +27,7 @@ import _faulty_backends as f
 import numpy as np
 import pytest
 
-from unitrain import optim
+from unitrain import models, optim
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.callbacks import EarlyStopping
 from unitrain.conformance import check_backend, run
@@ -164,6 +166,49 @@ class EvaluateUpdatesStatistics(TorchBackend):
         return metrics
 
 
+class _PortableLayerFault(TorchBackend):
+    """Rewrites the description each torch layer module computes from, after building."""
+
+    layer_type: ClassVar[type]
+    changes: ClassVar[dict[str, Any]]
+
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        for module in self.module.modules():
+            if type(getattr(module, "spec", None)) is self.layer_type:
+                module.spec = dataclasses.replace(module.spec, **self.changes)
+
+
+class KerasLayerNormEps(_PortableLayerFault):
+    """LayerNorm with Keras' eps 1e-3 instead of torch's 1e-5."""
+
+    layer_type, changes = models.LayerNorm, {"eps": 1e-3}
+
+
+class KerasBatchNormMomentum(_PortableLayerFault):
+    """BatchNorm momentum 0.9 read as torch's (Keras' 0.9 is torch's 0.1)."""
+
+    layer_type, changes = models.BatchNorm, {"momentum": 0.9}
+
+
+class TensorFlowSamePadding(TorchBackend):
+    """Convolutions padded as TensorFlow's "SAME" does at stride 2: for a 3x3 kernel on an
+    even size, 0 rows/columns before and 1 after, where ``padding=1`` pads 1 and 1."""
+
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        for module in self.module.modules():
+            if type(getattr(module, "spec", None)) is models.Conv2d and max(module.spec.stride) > 1:
+                spec = module.spec
+                module.spec = dataclasses.replace(spec, padding=0)
+                module.forward = functools.partial(self._same, module.forward, spec.padding)
+
+    @staticmethod
+    def _same(forward: Any, padding: tuple[int, int], x: Any) -> Any:
+        (ph, pw) = padding
+        return forward(torch.nn.functional.pad(x, (0, 0, 0, 2 * pw - 1, 0, 2 * ph - 1)))
+
+
 #: fault -> (faulty backend, the check that catches it)
 FAULTS = {
     # schedules
@@ -296,6 +341,16 @@ FAULTS = {
     "device reported as the framework's string": (
         f.ReportsWrongDevice,
         "devices::reports_device[cpu-float32]",
+    ),
+    # layers and model state
+    "LayerNorm eps 1e-3 (Keras)": (KerasLayerNormEps, "layers::layer_norm[cpu-float32]"),
+    "BatchNorm momentum read the Keras way": (
+        KerasBatchNormMomentum,
+        "model_state::statistics_after_steps[cpu-float32]",
+    ),
+    "TensorFlow SAME padding at stride 2": (
+        TensorFlowSamePadding,
+        "layers::conv_stride2_pad1[cpu-float32]",
     ),
 }
 

@@ -174,12 +174,12 @@ def make_trainer(out: Path, epochs: int = 3) -> Trainer:
 
 @pytest.fixture(scope="module")
 def run_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Checkpoints of a real run: mid-epoch (batch 2 of epoch 1) and finished."""
+    """Checkpoints of a real run: mid-epoch (batch 2 of the second epoch) and finished."""
     out = tmp_path_factory.mktemp("run")
     x, y = tiny_data()
     make_trainer(out).fit((x, y), (x, y))
     return {
-        "mid_epoch": out / "ckpt" / "epoch=0001-step=000006",
+        "mid_epoch": out / "ckpt" / "epoch=0002-step=000006",
         "finished": out / "ckpt" / "epoch=0003-step=000012",
     }
 

@@ -51,7 +51,7 @@ def test_default_recipe_reaches_95_percent_in_10_epochs(backend):
 def test_history_rows_and_validate_test(digits):
     trainer = Trainer(models.MLP((64, 16, 10)), backend="numpy", config=TrainerConfig(epochs=2))
     history = trainer.fit((digits.x_train, digits.y_train), (digits.x_val, digits.y_val))
-    assert [row["epoch"] for row in history] == [0, 1]
+    assert [row["epoch"] for row in history] == [1, 2]
     assert history[-1]["step"] == 2 * math.ceil(len(digits.x_train) / 32)
     assert set(history[0]) >= {"loss", "val_loss", "val_accuracy", "lr", "seconds", "step"}
     metrics = trainer.validate((digits.x_val, digits.y_val))

@@ -17,7 +17,7 @@ from unitrain import rng
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint import _resume
 from unitrain.checkpoint._discovery import load_resolved
-from unitrain.models import MLP
+from unitrain.models import AbstractLayer
 from unitrain.schedules import from_dict
 from unitrain.state import pack_tensors, split_state, unpack_tensors
 
@@ -45,8 +45,8 @@ class TrainState:
 
 
 def model_description(model: Any) -> dict[str, Any]:
-    """How a checkpoint names its model: an MLP's spec, or a native model's class."""
-    if isinstance(model, MLP):
+    """How a checkpoint names its model: a portable model's spec, or a native model's class."""
+    if isinstance(model, AbstractLayer):
         return model.to_dict()
     return {"type": "native", "class": type(model).__qualname__}
 

@@ -22,8 +22,10 @@ __all__ = [
     "Batch",
     "Capabilities",
     "DeviceData",
+    "DeviceOutputs",
     "FusedStep",
     "MultiStep",
+    "Predict",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -42,6 +44,10 @@ class Capabilities:
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
             checkpoints use canonical names and load in other backends.
+        portable_layers: whether it builds every layer of :mod:`unitrain.models` (conv nets,
+            BatchNorm state, Transformers), not only the MLP; the kit's ``layers`` and
+            ``model_state`` families need it. Off by default, so a backend written before
+            the layers existed is told what it lacks instead of failing.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -49,6 +55,7 @@ class Capabilities:
     fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
+    portable_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +94,8 @@ def _default_optimizer() -> Optimizer:
 class Backend(Protocol):
     """One framework's implementation of forward, backward, step and state.
 
-    A backend class is constructed as ``cls(model, options)`` where ``model`` is a
-    :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
+    A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
+    :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
     the devices usable on this machine (``unitrain backends`` shows it).
     """
@@ -170,6 +177,28 @@ class MultiStep(Protocol):
         ``batches`` are ``k`` equal-sized batches stacked on a new leading axis; ``lrs`` the
         ``k`` learning rates, a float array.
         """
+        ...
+
+
+@runtime_checkable
+class Predict(Protocol):
+    """Optional: the model's outputs (``Trainer.predict`` and metrics need it)."""
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """Outputs for a batch of ``inputs`` in eval mode, as a host numpy array."""
+        ...
+
+
+@runtime_checkable
+class DeviceOutputs(Protocol):
+    """Optional: outputs left on the device, so metrics run there (:mod:`unitrain.metrics`)."""
+
+    #: numpy-style functions on the framework's arrays: ``sum``, ``max``, ``exp``, ``log``,
+    #: ``reshape``, ``take_along_axis`` (numpy, ``jax.numpy``, ``tf.experimental.numpy``).
+    array_ops: Any
+
+    def outputs(self, batch: Batch) -> tuple[Any, Any]:
+        """Eval-mode outputs for ``batch`` and its targets, as arrays on the device."""
         ...
 
 

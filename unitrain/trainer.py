@@ -18,18 +18,27 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import rng
+from unitrain import _inference, rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
-from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
+from unitrain.backend import (
+    Backend,
+    BackendOptions,
+    DeviceData,
+    DeviceOutputs,
+    FusedStep,
+    MultiStep,
+    Predict,
+)
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
 from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
+from unitrain.metrics import MetricTotals, resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
@@ -44,7 +53,7 @@ class Trainer:
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
-        model: a :class:`unitrain.models.MLP` (portable: same weights and checkpoint layout on
+        model: a :mod:`unitrain.models` model (portable: same weights and checkpoint layout on
             every backend) or a model native to the backend.
         backend: a name (``"torch"``), ``"package.module:Class"``, a backend class, or an
             already built backend instance; None picks ``UNITRAIN_BACKEND`` or the first
@@ -54,6 +63,9 @@ class Trainer:
         loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
         callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
         config: a :class:`TrainerConfig`.
+        metrics: computed on every validation and test pass besides the loss (see
+            :mod:`unitrain.metrics`): ``Metric`` objects or built-in names such as
+            ``"top5_accuracy"``; they need a backend with ``predict``.
 
     Examples:
         >>> import numpy as np
@@ -76,6 +88,7 @@ class Trainer:
         loss: Any = "cross_entropy",
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
+        metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
         self.model = model
@@ -101,6 +114,12 @@ class Trainer:
             )
             self.backend = get_backend(backend)(model, options)
         self.callbacks = CallbackList(callbacks)
+        self.metrics = resolve_metrics(metrics)
+        if self.metrics and not isinstance(self.backend, Predict):
+            raise ConfigError(
+                f"metrics need the backend's outputs, and the {self.backend.name} backend has no "
+                "predict(inputs); drop metrics= or use a backend that offers it"
+            )
         self.state = TrainState()
         #: Whether the current fit has validation data (callbacks check their monitors by it).
         self.has_validation = False
@@ -111,6 +130,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
+        #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
+        self.stop_reason: str | None = None
         self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
@@ -139,6 +160,21 @@ class Trainer:
         """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
         return self._skipped_before + self.backend.skipped_steps
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch the last update belongs to, counting from 1 (0 before any update).
+
+        The one number users see: console lines, ``logs["epoch"]`` in metric files and
+        checkpoint names all use it, so a step has one name whether it is saved by step or at
+        the end of its epoch. (Hooks receive the 0-based epoch *index*, as Keras's do.)
+        """
+        return self.state.epoch + (1 if self.state.batch else 0)
+
+    def stop(self, reason: str) -> None:
+        """End training after the current update; ``reason`` says why, for the user."""
+        self.state.stop_training = True
+        self.stop_reason = reason
+
     def fit(
         self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
     ) -> list[dict[str, Any]]:
@@ -162,6 +198,7 @@ class Trainer:
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
+        self.stop_reason = None
         check_run_length(self.config, self.schedule, len(source))
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints.
@@ -220,6 +257,28 @@ class Trainer:
         source = self._source(data, "test_data", shuffle=False)
         return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
 
+    def predict(self, data: Any) -> np.ndarray:
+        """The model's outputs (eval mode) for ``data``, as one numpy array.
+
+        Args:
+            data: an inputs array (run in batches of ``config.batch_size``), ``(inputs,
+                targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
+                batches (targets are ignored).
+        """
+        return _inference.predict(self.backend, data, self.config.batch_size)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
+
+        For inference or fine-tuning: the optimizer state, the step and the callbacks stay as
+        they are (``fit(resume=...)`` restores those too). The checkpoint may come from any
+        backend that builds the same portable model.
+
+        Raises:
+            CheckpointError: the checkpoint is damaged or holds other tensors than the model.
+        """
+        _inference.load_weights(self.backend, path)
+
     def save_checkpoint(
         self,
         path: str | Path,
@@ -265,7 +324,7 @@ class Trainer:
                     self._train_steps(kind, payload, steps, batch_size)
                 if self.state.stop_training:
                     break
-        logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
+        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
         if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
@@ -400,7 +459,7 @@ class Trainer:
             )
         if policy == "stop":
             warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
-            self.state.stop_training = True
+            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
 
     def _place_on_device(self, source: BatchSource) -> None:
         """Copy the training arrays to the device once, when configured and possible."""
@@ -425,14 +484,20 @@ class Trainer:
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
         sums: dict[str, Any] = {}
         count = 0
+        totals = MetricTotals(self.metrics)
         for batch in source.batches(0):
             n = len(batch[0])
             for key, value in self.backend.evaluate(batch).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n
+            if self.metrics and isinstance(self.backend, DeviceOutputs):
+                outputs, targets = self.backend.outputs(batch)  # stay on the device
+                totals.add(outputs, targets, batch[1], self.backend.array_ops)
+            elif self.metrics:
+                totals.add(self.backend.predict(batch[0]), batch[1], batch[1])
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
-        return {key: float(value) / count for key, value in sums.items()}
+        return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}
 
     # -- data and resume ----------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     early_stopping,
     eval_mode,
     fused,
+    layers,
+    model_state,
     optimizers,
     resume,
     schedules,

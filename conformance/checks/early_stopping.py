@@ -7,8 +7,9 @@ callback sees is the script, bit for bit, on every backend, and the stop epoch a
 epoch must equal the reference's exactly. hypothesis draws sequences, patience, min_delta
 (including values that make improvements land exactly on the threshold), baselines (also
 with ``min_delta``, which Keras applies to the baseline too) and warm-up epochs. Restoring
-the best weights is checked when training stops early and when it runs to its last epoch. A backend that ships its own ``EarlyStopping`` (declared in
-``conformance_callbacks``) is checked instead of the core's.
+the best weights is checked when training stops early and when it runs to its last epoch.
+A backend that ships its own ``EarlyStopping`` (declared in ``conformance_callbacks``) is
+checked instead of the core's.
 """
 
 from __future__ import annotations

@@ -17,39 +17,55 @@ import numpy as np
 
 from unitrain import optim
 from unitrain.backend import Capabilities
-from unitrain.backends.numpy import NumpyBackend, _activate
+from unitrain.backends._numpy_layers import Run, _DropoutNode
+from unitrain.backends.numpy import NumpyBackend
 from unitrain.callbacks import EarlyStopping, LRMonitor, ModelCheckpoint
+
+
+class _VariantDropoutNode(_DropoutNode):
+    """The reference's dropout layer with its rate and scaling asked of the backend."""
+
+    owner: _DropoutVariant
+
+    def forward(self, x: np.ndarray, run: Run) -> np.ndarray:
+        self.mask = None
+        if not (run.train and self.spec.p):
+            return x
+        keep = self.owner.keep_probability(self.spec.p)
+        draw = run.dropout_rng().random(x.shape)
+        self.mask = ((draw < keep) * self.owner.kept_scale(keep)).astype(x.dtype)
+        return x * self.mask
 
 
 class _DropoutVariant(NumpyBackend):
     """The reference's forward pass with the dropout details left to three hooks."""
 
-    def mask_rng(self) -> np.random.Generator:
-        """The generator of this forward's masks (the protocol: seed, step, micro-batch)."""
-        step = int(self.opt_state["step"])
-        return np.random.default_rng([self.options.seed, step, self._micro_batch])
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        self._adopt(self._root)
 
-    def keep_probability(self) -> float:
-        return 1.0 - self.model.dropout
+    def _adopt(self, node: Any) -> None:
+        for child in getattr(node, "nodes", ()):
+            self._adopt(child)
+        if isinstance(node, _DropoutNode):
+            node.__class__ = _VariantDropoutNode
+            node.owner = self
+
+    def mask_seed(self) -> list[int]:
+        """The seed of this forward's masks (the protocol: seed, step, micro-batch)."""
+        return [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+
+    def keep_probability(self, p: float) -> float:
+        return 1.0 - p
 
     def kept_scale(self, keep: float) -> float:
         return 1.0 / keep
 
-    def _run(self, x: np.ndarray, train: bool) -> np.ndarray:
-        if not train or not self.model.dropout:
-            return super()._run(x, train)
-        self._cache, h, rng = [], np.asarray(x, self.dtype), self.mask_rng()
-        keep, last = self.keep_probability(), self.model.num_layers - 1
-        for i in range(self.model.num_layers):
-            z = h @ self.params[f"layers.{i}.weight"] + self.params[f"layers.{i}.bias"]
-            if i == last:
-                self._cache.append((h, z, z, None))
-                return z
-            a = _activate(self.model.activation, z)
-            mask = ((rng.random(a.shape) < keep) * self.kept_scale(keep)).astype(self.dtype)
-            self._cache.append((h, z, a, mask))
-            h = a * mask
-        raise AssertionError("unreachable")
+    def _run(self, x: Any, train: bool) -> np.ndarray:
+        self._input_check(x)
+        seed = self.mask_seed()
+        run = Run(self.params, self.model_state, self.grads, train=train, dropout_seed=seed)
+        return self._root.forward(np.asarray(x, self.dtype), run)
 
 
 # -- dropout --------------------------------------------------------------------------------
@@ -58,15 +74,15 @@ class _DropoutVariant(NumpyBackend):
 class MaskFixedAcrossUpdates(_DropoutVariant):
     """Seeds dropout from ``(seed, micro_batch)``: every update reuses the same masks."""
 
-    def mask_rng(self) -> np.random.Generator:
-        return np.random.default_rng([self.options.seed, self._micro_batch])
+    def mask_seed(self) -> list[int]:
+        return [self.options.seed, self._micro_batch]
 
 
 class MaskSharedByMicroBatches(_DropoutVariant):
     """Seeds dropout from ``(seed, step)``: the micro-batches of one update share a mask."""
 
-    def mask_rng(self) -> np.random.Generator:
-        return np.random.default_rng([self.options.seed, int(self.opt_state["step"])])
+    def mask_seed(self) -> list[int]:
+        return [self.options.seed, int(self.opt_state["step"])]
 
 
 class DropoutNotInverted(_DropoutVariant):
@@ -79,8 +95,8 @@ class DropoutNotInverted(_DropoutVariant):
 class DropoutRateAsKeep(_DropoutVariant):
     """Keeps units with probability ``p`` and drops ``1 - p`` (the two mixed up)."""
 
-    def keep_probability(self) -> float:
-        return self.model.dropout
+    def keep_probability(self, p: float) -> float:
+        return p
 
 
 # -- evaluation -----------------------------------------------------------------------------
@@ -374,8 +390,8 @@ class FusedStepReusesMask(_DropoutVariant, FusedNumpy):
 
     _fused = False
 
-    def mask_rng(self) -> np.random.Generator:
-        return np.random.default_rng(self.options.seed) if self._fused else super().mask_rng()
+    def mask_seed(self) -> list[int]:
+        return [self.options.seed] if self._fused else super().mask_seed()
 
     def train_step(self, batch: Any, lr: float) -> Any:
         self._fused = True

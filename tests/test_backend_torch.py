@@ -279,3 +279,26 @@ def test_buffers_are_saved_restored_and_left_alone_by_evaluate():
     torch.testing.assert_close(
         native.bn.running_var, torch.from_numpy(trained["model.bn.running_var"])
     )
+
+
+def test_the_digits_mlp_learns_in_bfloat16_with_sgd_momentum():
+    """The README's recipe in bfloat16: it stayed at chance (val_accuracy 0.05-0.11) while
+    torch's fused SGD dropped bfloat16 updates; 0.9749 measured after the fix."""
+    from unitrain import ArrayLoader
+    from unitrain.recipes import load_digits
+
+    data = load_digits()
+    train = ArrayLoader(data.x_train, data.y_train, batch_size=32, seed=0)
+    schedule = schedules.Warmup(
+        schedules.CosineDecay(0.1, decay_steps=9 * len(train), min_lr=1e-3),
+        warmup_steps=len(train),
+    )
+    trainer = Trainer(
+        models.MLP((64, 128, 10)),
+        backend="torch",
+        optimizer=optim.SGD(momentum=0.9),
+        schedule=schedule,
+        config=TrainerConfig(epochs=10, dtype="bfloat16", device="cpu"),
+    )
+    history = trainer.fit(train, (data.x_val, data.y_val))
+    assert history[-1]["val_accuracy"] >= 0.95

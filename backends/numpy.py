@@ -3,6 +3,13 @@
 It trains :class:`unitrain.models.MLP` with hand-written backpropagation and the reference
 optimizer rules of :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every
 line is meant to be checked by reading it.
+
+Mixed precision is emulated the way mixed-precision kernels compute: every matmul operand
+and every layer output (and, backwards, every gradient flowing between layers) is rounded to
+the compute dtype, products are accumulated in float32, the loss is computed in float32,
+and the gradients land in float32 master buffers. ``"16-mixed"`` runs the loss scaler of
+:mod:`unitrain.precision`; a scaled gradient past float16's range rounds to inf there, as
+on the frameworks, and the update is skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.models import MLP
+from unitrain.precision import (
+    GOOD_STEPS_KEY,
+    SCALE_KEY,
+    compute_dtype,
+    next_loss_scale,
+    require_precision,
+)
 from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
@@ -46,11 +60,34 @@ def _activation_grad(name: str, z: np.ndarray, a: np.ndarray) -> np.ndarray:
     return cdf + z * np.exp(-0.5 * z * z) / _SQRT_2PI
 
 
+def _round_float16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+def _round_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    a = np.asarray(a, np.float32)
+    bits = a.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(a), a, rounded.view(np.float32))
+
+
+def _no_rounding(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+_ROUNDING = {"float32": _no_rounding, "bfloat16": _round_bfloat16, "float16": _round_float16}
+
+
 class NumpyBackend:
     """Reference implementation of the :class:`unitrain.backend.Backend` protocol."""
 
     name = "numpy"
-    capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"))
+    capabilities = Capabilities(
+        devices=("cpu",),
+        dtypes=("float32", "float64"),
+        precisions={"cpu": ("32", "bf16-mixed", "16-mixed")},
+    )
 
     @staticmethod
     def available_devices() -> tuple[str, ...]:
@@ -74,6 +111,14 @@ class NumpyBackend:
             )
         if options.loss not in ("cross_entropy", "mse"):
             raise ConfigError(f"unknown loss {options.loss!r}; choose 'cross_entropy' or 'mse'")
+        require_precision(self.name, self.capabilities.precisions["cpu"], options.precision, "cpu")
+        if options.precision != "32" and options.dtype != "float32":
+            raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
+        self._low = _ROUNDING[compute_dtype(options.precision)]
+        #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
+        self.scaler = (
+            options.loss_scaler.initial_state() if options.precision == "16-mixed" else None
+        )
         self.model, self.dtype = model, np.dtype(options.dtype)
         self.params = model.init_params(options.seed, self.dtype)
         self.opt_state = optim.init_state(options.optimizer, self.params)
@@ -97,24 +142,26 @@ class NumpyBackend:
     def _run(self, x: np.ndarray, train: bool) -> np.ndarray:
         """Forward pass; in train mode keeps per-layer (input, pre-activation, output, mask)."""
         self._cache = []
-        h = np.asarray(x, self.dtype)
+        low = self._low
+        h = low(np.asarray(x, self.dtype))
         rng = None
         if train and self.model.dropout:
             step = int(self.opt_state["step"])
             rng = np.random.default_rng([self.options.seed, step, self._micro_batch])
         last = self.model.num_layers - 1
         for i in range(self.model.num_layers):
-            z = h @ self.params[f"layers.{i}.weight"] + self.params[f"layers.{i}.bias"]
+            weight, bias = low(self.params[f"layers.{i}.weight"]), self.params[f"layers.{i}.bias"]
+            z = low(h @ weight + low(bias))
             if i == last:
                 self._cache.append((h, z, z, None))
                 return z
-            a = _activate(self.model.activation, z)
+            a = low(_activate(self.model.activation, z))
             mask = None
             if rng is not None:
                 keep = 1.0 - self.model.dropout
                 mask = (rng.random(a.shape) < keep).astype(self.dtype) / self.dtype.type(keep)
             self._cache.append((h, z, a, mask))
-            h = a if mask is None else a * mask
+            h = a if mask is None else low(a * mask)
         raise AssertionError("unreachable")
 
     def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -150,22 +197,34 @@ class NumpyBackend:
             self._backward(scale)
 
     def _backward(self, scale: float) -> None:
-        delta = self._grad_out * self.dtype.type(scale)
+        low = self._low
+        if self.scaler is not None:
+            scale = scale * float(self.scaler[0])  # a power of two: exact
+        delta = low(self._grad_out * self.dtype.type(scale))
         for i in reversed(range(self.model.num_layers)):
             h, z, a, mask = self._cache[i]
             if i != self.model.num_layers - 1:
                 if mask is not None:
-                    delta = delta * mask
-                delta = delta * _activation_grad(self.model.activation, z, a)
-            self.grads[f"layers.{i}.weight"] += h.T @ delta
-            self.grads[f"layers.{i}.bias"] += delta.sum(axis=0)
-            delta = delta @ self.params[f"layers.{i}.weight"].T
+                    delta = low(delta * mask)
+                delta = low(delta * _activation_grad(self.model.activation, z, a))
+            self.grads[f"layers.{i}.weight"] += low(h.T @ delta)
+            self.grads[f"layers.{i}.bias"] += low(delta.sum(axis=0))
+            delta = low(delta @ low(self.params[f"layers.{i}.weight"]).T)
 
     def step(self, lr: float) -> None:
         """Clip, check for non-finite gradients, apply the reference update, zero the grads."""
+        if self.scaler is not None:
+            for g in self.grads.values():
+                g *= np.float32(1.0) / self.scaler[0]  # unscale; exact, the scale is 2**k
         with np.errstate(all="ignore"):
             norm = optim.global_norm(self.grads)
-        if not np.isfinite(norm):
+        finite = bool(np.isfinite(norm))
+        if self.scaler is not None:
+            scale, good = next_loss_scale(
+                self.options.loss_scaler, *self.scaler, np.bool_(finite), np.where
+            )
+            self.scaler = np.float32(scale), np.int32(good)
+        if not finite:
             self._skipped += 1
         else:
             if self.options.grad_clip_norm is not None:
@@ -193,14 +252,17 @@ class NumpyBackend:
         """Copies of the parameters and optimizer state under canonical names."""
         state = {f"model.{k}": v.copy() for k, v in self.params.items()}
         state.update({f"optimizer.{k}": np.array(v) for k, v in self.opt_state.items()})
+        if self.scaler is not None:
+            state[f"optimizer.{SCALE_KEY}"] = np.array(self.scaler[0], np.float32)
+            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.array(self.scaler[1], np.int64)
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace parameters and optimizer state; shapes and names must match exactly."""
-        expected = {f"model.{k}": v for k, v in self.params.items()}
-        expected.update({f"optimizer.{k}": v for k, v in self.opt_state.items()})
-        check_state(expected, state)
+        check_state(self.state_dict(), state)
         model, opt = split_state(state)
+        if self.scaler is not None:
+            self.scaler = np.float32(opt.pop(SCALE_KEY)), np.int32(opt.pop(GOOD_STEPS_KEY))
         self.params = {k: np.array(v, self.dtype) for k, v in model.items()}
         self.opt_state = {
             k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF import
@@ -43,7 +43,14 @@ import tensorflow as tf  # absolute: the framework, not this module
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _tensorflow_ops as ops
+from unitrain.backends._tensorflow_precision import (
+    COMPUTE_DTYPES,
+    LossScale,
+    set_matmul_precision,
+)
+from unitrain.backends._tensorflow_prefetch import prefetch
 from unitrain.models import MLP
+from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
@@ -64,7 +71,14 @@ class TensorFlowBackend:
 
     name = "tensorflow"
     capabilities = Capabilities(
-        devices=("cpu", "gpu"), dtypes=tuple(_DTYPES), fused_step=True, bit_exact_resume=True
+        devices=("cpu", "gpu"),
+        dtypes=tuple(_DTYPES),
+        fused_step=True,
+        bit_exact_resume=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed", "16-mixed"),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
     )
 
     @staticmethod
@@ -80,8 +94,19 @@ class TensorFlowBackend:
                 f"the tensorflow backend trains in {tuple(_DTYPES)}, got dtype={options.dtype!r}"
             )
         self.dtype = _DTYPES[options.dtype]
+        require_precision(
+            self.name, self.capabilities.precisions[self.device], options.precision, self.device
+        )
+        if options.precision != "32" and not isinstance(model, MLP):
+            raise ConfigError(
+                f"precision={options.precision!r} on the tensorflow backend casts the portable "
+                "MLP only; give a Keras model its own dtype policy "
+                "(keras.mixed_precision.set_dtype_policy('mixed_bfloat16')) and precision='32'"
+            )
+        self._compute_dtype = COMPUTE_DTYPES.get(options.precision)
         if options.deterministic:
             _make_deterministic()
+        set_matmul_precision(options.matmul_precision)
         _seed_global_rngs(options.seed)
         with tf.device(self.device_name):
             if isinstance(model, MLP):
@@ -105,6 +130,7 @@ class TensorFlowBackend:
             self.grad_buffers = [_zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+            self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = ops.loss_function(options.loss)
         self._dropout = isinstance(model, MLP) and model.dropout > 0
         self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
@@ -125,6 +151,11 @@ class TensorFlowBackend:
     def skipped_steps(self) -> int:
         """Updates skipped because a gradient was not finite (reads a device counter)."""
         return int(self.skipped_count.numpy())
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On a GPU, each batch copied while the previous one trains (see
+        :mod:`._tensorflow_prefetch`); on the CPU, ``batches`` unchanged."""
+        return prefetch(batches, self.device_name, self.dtype, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch
@@ -246,8 +277,11 @@ class TensorFlowBackend:
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 
     def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
+        if self._compute_dtype is not None:
+            x = tf.cast(x, self._compute_dtype)
         if isinstance(self.module, ops.TFMLP):
             out = self.module(x, training=training, key=key)
+            out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
         else:
             out = self.module(x, training=training)
         target = y if self.classification else tf.reshape(y, tf.shape(out))
@@ -263,19 +297,22 @@ class TensorFlowBackend:
         params = list(self.params.values())
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key)
-        grads = tape.gradient(loss, params)
+            scaled = self.loss_scale.scaled(loss)
+        grads = tape.gradient(scaled, params)
         # A parameter the loss does not reach gets a zero gradient, as an unused buffer would.
         return loss, [
             tf.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
+        grads = self.loss_scale.unscaled(grads)
         clip = self.options.grad_clip_norm
         if clip is None:
             finite = ops.all_finite(grads)
         else:
             norm = ops.global_norm(grads)
             finite = tf.math.is_finite(norm)
+        self.loss_scale.advance(finite)
 
         def apply() -> None:
             clipped = grads
@@ -403,6 +440,7 @@ class TensorFlowBackend:
         for key, variable in self._optimizer_variables().items():
             state[f"optimizer.{key}"] = np.array(variable.numpy())
         state["optimizer.step"] = np.asarray(self.step_count.numpy(), np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -415,6 +453,7 @@ class TensorFlowBackend:
             for name, variable in self._optimizer_variables().items():
                 variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
             self.step_count.assign(int(opt["step"]))
+            self.loss_scale.load(opt)
         self._micro_batch, self._pending, self._accumulated = 0, None, False
 
     def rng_state(self) -> dict[str, Any]:
@@ -455,8 +494,8 @@ def _resolve_device(device: str) -> str:
 
 def _make_deterministic() -> None:
     # Process-wide switches, as torch.use_deterministic_algorithms is.
+    # Kernel choice only: TF32 is matmul_precision's to decide (_tensorflow_precision).
     tf.config.experimental.enable_op_determinism()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 def _seed_global_rngs(seed: int) -> None:

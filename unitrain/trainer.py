@@ -23,7 +23,14 @@ from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteE
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
 from unitrain._running import RunningLoss
-from unitrain.backend import Backend, BackendOptions, DeviceData, FusedStep, MultiStep
+from unitrain.backend import (
+    Backend,
+    BackendOptions,
+    DeviceData,
+    FusedStep,
+    MultiStep,
+    Prefetch,
+)
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
 from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
@@ -98,6 +105,9 @@ class Trainer:
                 seed=config.seed,
                 deterministic=config.deterministic,
                 dtype=config.dtype,
+                matmul_precision=config.matmul_precision,
+                precision=config.precision,
+                loss_scaler=config.loss_scaler,
             )
             self.backend = get_backend(backend)(model, options)
         self.callbacks = CallbackList(callbacks)
@@ -256,7 +266,10 @@ class Trainer:
         self.callbacks.call("on_epoch_begin", self, epoch)
         one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
         if one_batch_updates and self._device_source is not source:
-            self._train_batches(source.batches(epoch, self.state.batch))
+            batches = source.batches(epoch, self.state.batch)
+            if isinstance(self.backend, Prefetch):
+                batches = self.backend.prefetch(batches)
+            self._train_batches(batches)
         else:
             for kind, payload, steps, batch_size in self._units(source, epoch):
                 if kind == "group":

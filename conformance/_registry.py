@@ -41,6 +41,7 @@ FAMILIES = (
     "fused",
     "determinism",
     "devices",
+    "mixed_precision",
 )
 
 CheckFunction = Callable[["Context"], None]

@@ -9,6 +9,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     early_stopping,
     eval_mode,
     fused,
+    mixed_precision,
     optimizers,
     resume,
     schedules,

@@ -157,9 +157,9 @@ def next_loss_scale(
     """
     counted = good_steps + 1
     grow = counted >= rule.growth_interval
-    doubled = scale * 2.0  # inf only past 2**127, which the cap below replaces
     halved = scale * 0.5
-    grown = where(grow & (doubled <= MAX_LOSS_SCALE), doubled, scale)
+    # At the cap, twice half the scale is the cap again; no product ever overflows to inf.
+    grown = where(grow, where(scale < MAX_LOSS_SCALE, scale, halved) * 2.0, scale)
     # Scales are powers of two >= 1, so halving below 1 means the scale is 1: keep it.
     shrunk = where(halved < 1.0, scale, halved)
     new_scale = where(finite, grown, shrunk)

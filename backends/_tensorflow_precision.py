@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from unitrain.backend import BackendOptions
-from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, next_loss_scale
+from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, next_loss_scale, take_scaler_state
 
 __all__ = ["LossScale", "set_matmul_precision"]
 
@@ -78,5 +78,6 @@ class LossScale:
     def load(self, optimizer_state: dict[str, Any]) -> None:
         """Take the scaler's entries out of ``optimizer_state`` and assign them."""
         if self.active:
-            self.scale.assign(np.float32(optimizer_state.pop(SCALE_KEY)))
-            self.good_steps.assign(np.int32(optimizer_state.pop(GOOD_STEPS_KEY)))
+            scale, good = take_scaler_state(optimizer_state)
+            self.scale.assign(scale)
+            self.good_steps.assign(good)

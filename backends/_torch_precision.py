@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from unitrain.backend import BackendOptions
-from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, next_loss_scale
+from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, next_loss_scale, take_scaler_state
 
 __all__ = ["MixedPrecision", "cpu_float16_autocast", "set_matmul_precision"]
 
@@ -94,5 +94,5 @@ class MixedPrecision:
     def load(self, optimizer_state: dict[str, np.ndarray]) -> None:
         """Take the scaler's entries out of ``optimizer_state`` and restore them."""
         if self.scaled:
-            self.scale = torch.tensor(np.float32(optimizer_state.pop(SCALE_KEY)))
-            self.good_steps = torch.tensor(np.int32(optimizer_state.pop(GOOD_STEPS_KEY)))
+            scale, good = take_scaler_state(optimizer_state)
+            self.scale, self.good_steps = torch.tensor(scale), torch.tensor(good)

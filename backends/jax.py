@@ -65,7 +65,13 @@ from unitrain.backends._jax_model import (
 )
 from unitrain.backends._jax_optim import export_slots, import_slots
 from unitrain.backends._jax_prefetch import prefetch
-from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, compute_dtype, require_precision
+from unitrain.precision import (
+    GOOD_STEPS_KEY,
+    SCALE_KEY,
+    compute_dtype,
+    require_precision,
+    take_scaler_state,
+)
 from unitrain.state import check_state, split_state
 
 __all__ = ["JaxBackend", "JaxModel"]
@@ -372,7 +378,7 @@ class JaxBackend:
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         step = int(opt.pop("step"))
-        scaler = (opt.pop(SCALE_KEY), opt.pop(GOOD_STEPS_KEY)) if self._scaled else None
+        scaler = take_scaler_state(opt) if self._scaled else None
         if not 0 <= step < 2**31:
             raise ConfigError(f"optimizer.step must be in [0, 2**31) here, got {step}")
         device_array = lambda a: self._put(np.array(a, np.float32))  # noqa: E731
@@ -392,7 +398,7 @@ class JaxBackend:
         counters = np.asarray(self._state.counters).copy()  # the skips and the log go on
         counters[APPLIED] = step
         if scaler is not None:
-            counters[SCALE_EXPONENT] = int(np.frexp(np.float32(scaler[0]))[1]) - 1
+            counters[SCALE_EXPONENT] = int(np.frexp(scaler[0])[1]) - 1
             counters[GOOD_STEPS] = int(scaler[1])
         self._state = DeviceState(
             params, model_state, opt_state, self._put(counters), self._state.losses

@@ -31,6 +31,7 @@ from unitrain.precision import (
     compute_dtype,
     next_loss_scale,
     require_precision,
+    take_scaler_state,
 )
 from unitrain.state import check_state, split_state
 
@@ -262,7 +263,7 @@ class NumpyBackend:
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         if self.scaler is not None:
-            self.scaler = np.float32(opt.pop(SCALE_KEY)), np.int32(opt.pop(GOOD_STEPS_KEY))
+            self.scaler = take_scaler_state(opt)
         self.params = {k: np.array(v, self.dtype) for k, v in model.items()}
         self.opt_state = {
             k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()

@@ -144,3 +144,15 @@ def test_matmul_precision_reaches_the_backend(name):
 def test_undeclared_precision_is_refused_with_the_declared_ones():
     with pytest.raises(ConfigError, match=r"trains in precision \('32', 'bf16-mixed'\) on cpu"):
         require_precision("demo", ("32", "bf16-mixed"), "16-mixed", "cpu")
+
+
+@pytest.mark.parametrize("name", backends())
+def test_an_edited_loss_scale_is_refused_on_load(name):
+    options = BackendOptions(device="cpu", precision="16-mixed")
+    backend = get_backend(name)(models.MLP((4, 8, 3)), options)
+    state = backend.state_dict()
+    assert state["optimizer.loss_scale"].dtype == np.float32
+    assert state["optimizer.loss_scale_good_steps"].dtype == np.int64
+    state["optimizer.loss_scale"] = np.array(3.0, np.float32)
+    with pytest.raises(ConfigError, match="not a loss-scaler state"):
+        backend.load_state_dict(state)

@@ -45,6 +45,7 @@ __all__ = [
     "next_loss_scale",
     "reference_trajectory",
     "require_precision",
+    "take_scaler_state",
 ]
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -202,3 +203,21 @@ def require_precision(backend: str, declared: Iterable[str], precision: str, dev
             f"the {backend} backend trains in precision {declared} on {device}, got "
             f"precision={precision!r}; use one of those or precision='32'"
         )
+
+
+def take_scaler_state(optimizer_state: dict[str, Any]) -> tuple[np.float32, np.int32]:
+    """Pop the scaler's entries from a state dict's optimizer part, checked, as float32/int32.
+
+    Raises:
+        ConfigError: the scale is not a power of two in ``[1, 2**127]`` or the count of
+            finite updates is negative: not a state the rule can reach.
+    """
+    scale = np.float32(optimizer_state.pop(SCALE_KEY))
+    good = int(optimizer_state.pop(GOOD_STEPS_KEY))
+    if not 1 <= scale <= MAX_LOSS_SCALE or np.frexp(scale)[0] != 0.5 or not 0 <= good < 2**31:
+        raise ConfigError(
+            f"optimizer.{SCALE_KEY}={float(scale)!r} with optimizer.{GOOD_STEPS_KEY}={good} is "
+            "not a loss-scaler state (a power of two in [1, 2**127] and a count >= 0); was "
+            "the checkpoint edited?"
+        )
+    return scale, np.int32(good)

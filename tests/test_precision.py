@@ -156,3 +156,12 @@ def test_an_edited_loss_scale_is_refused_on_load(name):
     state["optimizer.loss_scale"] = np.array(3.0, np.float32)
     with pytest.raises(ConfigError, match="not a loss-scaler state"):
         backend.load_state_dict(state)
+
+
+def test_tensorflow_refuses_to_cast_a_keras_model_behind_its_back():
+    pytest.importorskip("tensorflow")
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    with pytest.raises(ConfigError, match="its own dtype policy"):
+        get_backend("tensorflow")(model, BackendOptions(device="cpu", precision="bf16-mixed"))

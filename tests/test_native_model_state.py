@@ -132,7 +132,9 @@ def make_trainer(framework: str, out: Path, extra=()):
         optimizer=optim.SGD(momentum=0.9),
         schedule=schedules.CosineDecay(0.1, 12 * EPOCHS),
         callbacks=hooks,
-        config=TrainerConfig(epochs=EPOCHS, seed=3, device=DEVICE, checkpoint_dir=str(out / "ckpt")),
+        config=TrainerConfig(
+            epochs=EPOCHS, seed=3, device=DEVICE, checkpoint_dir=str(out / "ckpt")
+        ),
     )
 
 

@@ -16,6 +16,7 @@ the minimum the error is float32 rounding and passes, as it should.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -26,6 +27,7 @@ from unitrain import optim
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.callbacks import EarlyStopping
 from unitrain.conformance import check_backend
+from unitrain.precision import LossScaler
 
 torch = pytest.importorskip("torch")
 from unitrain.backends.torch import TorchBackend  # noqa: E402
@@ -160,6 +162,43 @@ class EvaluateUpdatesStatistics(TorchBackend):
         return metrics
 
 
+class PrecisionIgnored(NumpyBackend):
+    """Accepts a mixed precision and computes in float32 anyway (no speed, no warning)."""
+
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        self._low = lambda a: a
+
+
+class ScaleGrowsOneLate(NumpyBackend):
+    """Doubles the loss scale after growth_interval + 1 finite updates (an off-by-one)."""
+
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        rule = self.options.loss_scaler
+        slower = LossScaler(rule.initial_scale, rule.growth_interval + 1)
+        self.options = dataclasses.replace(self.options, loss_scaler=slower)
+
+
+class GradientsLeftScaled(NumpyBackend):
+    """Updates with the scaled gradients: the unscaling before the update is forgotten."""
+
+    def step(self, lr: float) -> None:
+        if self.scaler is not None:
+            for g in self.grads.values():
+                g *= self.scaler[0]  # undoes the unscaling that step does
+        super().step(lr)
+
+
+class ScalerNotRestored(NumpyBackend):
+    """Saves the loss scaler's state but starts from the initial scale after loading."""
+
+    def load_state_dict(self, state: Any) -> None:
+        super().load_state_dict(state)
+        if self.scaler is not None:
+            self.scaler = self.options.loss_scaler.initial_state()
+
+
 #: fault -> (faulty backend, the check that catches it)
 FAULTS = {
     "LR applied one step late": (LrOneStepLate, "schedules::cosine_decay[cpu-float32]"),
@@ -179,6 +218,16 @@ FAULTS = {
     "evaluate updating batch statistics": (
         EvaluateUpdatesStatistics,
         "eval_mode::no_state_change[cpu-float32]",
+    ),
+    "mixed precision ignored": (PrecisionIgnored, "mixed_precision::gradients_bf16[cpu-float32]"),
+    "loss scale grows one update late": (
+        ScaleGrowsOneLate,
+        "mixed_precision::loss_scale_trajectory[cpu-float32]",
+    ),
+    "gradients left scaled": (GradientsLeftScaled, "mixed_precision::gradients_fp16[cpu-float32]"),
+    "loss scaler not restored": (
+        ScalerNotRestored,
+        "mixed_precision::loss_scale_resume[cpu-float32]",
     ),
 }
 

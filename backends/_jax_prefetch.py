@@ -30,8 +30,11 @@ def _ahead(batches: Iterator[Any], device: Any, classification: bool) -> Iterato
         x, y = batch
         if isinstance(x, np.ndarray) and x.dtype != np.float32:
             x = x.astype(np.float32)
-        if isinstance(y, np.ndarray) and classification:
-            y = y.astype(np.int32, copy=False)
+        if isinstance(y, np.ndarray):  # x64 is off: int32 labels, float32 targets
+            if classification or y.dtype.kind in "iu":
+                y = y.astype(np.int32, copy=False)
+            elif y.dtype.kind == "f":
+                y = y.astype(np.float32, copy=False)
         return jax.device_put((x, y), device)
 
     pending = next(batches, None)

@@ -103,6 +103,7 @@ class Functions(NamedTuple):
     train_steps: Any
     train_steps_on_device: Any
     evaluate: Any
+    predict: Any
 
 
 def build_functions(
@@ -152,10 +153,14 @@ def build_functions(
     ) -> tuple[Any, Any]:
         """``(loss, new model state)``: the state is the auxiliary output of the gradient."""
         key = dropout_key(cfg.seed, step, micro)
-        if compute_dtype is not None:
-            params, x = cast_floats((params, x), compute_dtype)
-        outputs, model_state = apply(params, model_state, x, train=True, rng=key)
-        return loss_fn(outputs.astype(jnp.float32), y), model_state
+        if compute_dtype is None:
+            outputs, new_state = apply(params, model_state, x, train=True, rng=key)
+            return loss_fn(outputs, y), new_state
+        params, x = cast_floats((params, x), compute_dtype)
+        outputs, new_state = apply(params, model_state, x, train=True, rng=key)
+        # Model state (BatchNorm statistics) stays in its float32 master dtype, as parameters do.
+        new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
+        return loss_fn(outputs.astype(jnp.float32), y), new_state
 
     def loss_scale(counters: Any) -> Any:
         """What the loss is multiplied by before differentiation: 1 unless scaling."""
@@ -241,12 +246,16 @@ def build_functions(
 
         return jax.lax.scan(body, state, (indices, lrs))
 
-    def evaluate(params: Any, model_state: Any, x: Any, y: Any) -> dict[str, Any]:
-        counts["evaluate"] += 1
+    def predict(params: Any, model_state: Any, x: Any) -> Any:
+        """Eval-mode outputs (in the compute dtype under mixed precision, read as float32)."""
         if compute_dtype is not None:
             params, x = cast_floats((params, x), compute_dtype)
         outputs, _ = apply(params, model_state, x, train=False, rng=None)  # state unchanged
-        outputs = outputs.astype(jnp.float32)
+        return outputs.astype(jnp.float32)
+
+    def evaluate(params: Any, model_state: Any, x: Any, y: Any) -> dict[str, Any]:
+        counts["evaluate"] += 1
+        outputs = predict(params, model_state, x)
         metrics = {"loss": loss_fn(outputs, y)}
         if classification:
             metrics["accuracy"] = jnp.mean(jnp.argmax(outputs, axis=-1) == y, dtype=jnp.float32)
@@ -263,6 +272,7 @@ def build_functions(
         train_steps=jit(train_steps, donate_argnums=0),
         train_steps_on_device=jit(train_steps_on_device, donate_argnums=0),
         evaluate=jit(evaluate),
+        predict=jit(predict),
     )
 
 

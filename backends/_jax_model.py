@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from unitrain._errors import ConfigError
+from unitrain.backends._jax_layers import layers_apply
 from unitrain.models import MLP
 
 __all__ = [
@@ -132,10 +133,10 @@ def with_state(apply: ApplyFn) -> StatefulApplyFn:
 
 
 def portable_apply(spec: Any) -> StatefulApplyFn:
-    """The stateful apply function of a portable model."""
+    """The stateful apply function of a portable model (:mod:`._jax_layers` for the layers)."""
     if isinstance(spec, MLP):
         return with_state(mlp_apply(spec))
-    raise ConfigError(f"the jax backend cannot build portable model {type(spec).__name__}")
+    return layers_apply(spec)
 
 
 def as_native_model(model: Any) -> NativeModel:
@@ -171,7 +172,8 @@ def dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array
 
 def _cross_entropy(outputs: jax.Array, targets: jax.Array) -> jax.Array:
     log_probs = jax.nn.log_softmax(outputs, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(log_probs, targets[:, None], axis=1))
+    # Every position of (N, L, V) sequence logits counts, as every row of (N, V) does.
+    return -jnp.mean(jnp.take_along_axis(log_probs, targets[..., None], axis=-1))
 
 
 def _mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:

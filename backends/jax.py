@@ -56,6 +56,12 @@ from unitrain.backends._jax_compiled import (
     initial_counters,
     settings,
 )
+from unitrain.backends._jax_distributed import (
+    JaxDistributed,
+    LocalDevices,
+    join_launched_workers,
+    launch_command,
+)
 from unitrain.backends._jax_model import (
     JaxModel,
     as_native_model,
@@ -65,6 +71,7 @@ from unitrain.backends._jax_model import (
 )
 from unitrain.backends._jax_optim import export_slots, import_slots
 from unitrain.backends._jax_prefetch import prefetch
+from unitrain.models import AbstractLayer, InputCheck
 from unitrain.precision import (
     GOOD_STEPS_KEY,
     SCALE_KEY,
@@ -74,7 +81,7 @@ from unitrain.precision import (
 )
 from unitrain.state import check_state, split_state
 
-__all__ = ["JaxBackend", "JaxModel"]
+__all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -94,6 +101,8 @@ class JaxBackend:
         devices=("cpu", "gpu"),
         dtypes=("float32",),
         fused_step=True,
+        portable_layers=True,
+        data_parallel=True,
         precisions={
             "cpu": ("32", "bf16-mixed", "16-mixed"),
             "gpu": ("32", "bf16-mixed", "16-mixed"),
@@ -107,6 +116,7 @@ class JaxBackend:
         return tuple(sorted(kinds | {"cpu"}))
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        join_launched_workers()  # before JAX computes anything, or it cannot join
         self.options = options = options or BackendOptions()
         if options.dtype != "float32":
             raise ConfigError(
@@ -119,7 +129,11 @@ class JaxBackend:
             self.name, self.capabilities.precisions[self.device], options.precision, self.device
         )
         self._scaled = options.precision == "16-mixed"
+        self._placement: Any = self.jax_device  # a replicated sharding over LocalDevices
+        self._batch_sharding: Any = None
         self.portable = _is_portable(model)
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         if self.portable:
             program, params, model_state = (
                 model,
@@ -161,6 +175,7 @@ class JaxBackend:
         self._data: tuple[Any, Any] | None = None
         self._lr_previous = self._lr_cached = float("nan")  # see _lr
         self._lr_device: Any = None
+        self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
     @property
     def device(self) -> str:
@@ -173,7 +188,7 @@ class JaxBackend:
         return int(np.asarray(self._state.counters)[SKIPPED])
 
     def _put(self, value: Any) -> Any:
-        return jax.device_put(value, self.jax_device)
+        return jax.device_put(value, self._placement)
 
     def _fresh_losses(self) -> Any:
         return self._put(np.zeros(losslog.SIZE, np.float32))
@@ -191,12 +206,18 @@ class JaxBackend:
         turns int64 labels into int32 there too (x64 is off), cheaper than ``astype``.
         """
         x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
+        if self._tokens and not isinstance(x, jax.Array):
+            x = np.asarray(x, np.int32)  # ids are in range: checked above
         if (
             type(x) is np.ndarray
             and type(y) is np.ndarray
-            and x.dtype is _FLOAT32  # builtin dtypes are singletons; == would coerce
+            and (x.dtype is _FLOAT32 or self._tokens)  # dtypes are singletons; == would coerce
             and (y.dtype.kind == "i" if self.classification else y.dtype is _FLOAT32)
         ):
+            if self._batch_sharding is not None:
+                return self._shard_batch(x, y)
             return x, y
         if not isinstance(x, jax.Array):
             x = np.asarray(x, np.float32)
@@ -206,7 +227,24 @@ class JaxBackend:
                 y = y.astype(np.int32, copy=False)
             elif np.issubdtype(y.dtype, np.floating):
                 y = y.astype(np.float32, copy=False)
-        return x, y
+        return (x, y) if self._batch_sharding is None else self._shard_batch(x, y)
+
+    def _shard_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A batch split over the local devices (replicated when it does not divide evenly)."""
+        if len(x) % self._batch_sharding.mesh.size:
+            return self._put(x), self._put(y)
+        return jax.device_put(x, self._batch_sharding), jax.device_put(y, self._batch_sharding)
+
+    def spread_over(self, devices: Any) -> None:
+        """Keep the state replicated on ``devices`` and split every batch over them (jit then
+        sums each device's share of the gradients)."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.array(devices), ("batch",))
+        self._placement = NamedSharding(mesh, PartitionSpec())
+        self._batch_sharding = NamedSharding(mesh, PartitionSpec("batch"))
+        self._state, self._settings = self._put((self._state, self._settings))
+        self._lr_previous = self._lr_cached = float("nan")
 
     def _lr(self, lr: float) -> Any:
         """``lr`` as a jit argument: a cached device scalar while it stays the same.
@@ -258,8 +296,23 @@ class JaxBackend:
         if grads is None:
             grads = jax.tree.map(jnp.zeros_like, self._state.params)
         self._grads = self._vjp = None
+        if self._reduce_gradients is not None:
+            grads = self._reduce_gradients(grads)
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
         self._micro_batch = 0
+
+    def distribute(self, reduce_gradients: Any) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
+        self._reduce_gradients = reduce_gradients
+
+    def launched_strategy(self) -> Any:
+        """jax.distributed over the launched workers, or None when not launched."""
+        return JaxDistributed.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (coordinator on 127.0.0.1)."""
+        return launch_command(workers)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call.
@@ -304,6 +357,19 @@ class JaxBackend:
         model state read and left unchanged."""
         x, y = self._arrays(batch)
         return self._fn.evaluate(self._state.params, self._state.model_state, x, y)
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
+        return np.asarray(self._fn.predict(self._state.params, self._state.model_state, x))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = jnp
+
+    def outputs(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        """Eval-mode outputs and the targets as device arrays, for metrics."""
+        x, y = self._arrays(batch)
+        return self._fn.predict(self._state.params, self._state.model_state, x), self._put(y)
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 
@@ -464,14 +530,14 @@ def _resolve_device(device: str) -> Any:
         raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
     if device != "cpu":
         try:
-            return jax.devices("gpu")[0]
+            return jax.local_devices(backend="gpu")[0]
         except RuntimeError:
             if device == "gpu":
                 raise ConfigError(
                     "device='gpu' but jax sees no GPU (install jax[cuda12] for CUDA); "
                     "use 'cpu' or 'auto'"
                 ) from None
-    return jax.devices("cpu")[0]
+    return jax.local_devices(backend="cpu")[0]  # a worker's own, under jax.distributed
 
 
 def _request_deterministic_gpu_ops() -> None:

@@ -1,30 +1,33 @@
 """The numpy reference backend: small, obviously correct, and the oracle of parity checks.
 
-It trains :class:`unitrain.models.MLP` with hand-written backpropagation and the reference
-optimizer rules of :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every
-line is meant to be checked by reading it.
+It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
+(:mod:`._numpy_layers`, :mod:`._numpy_model`) and the reference optimizer rules of
+:mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
+checked by reading it.
 
-Mixed precision is emulated the way mixed-precision kernels compute: every matmul operand
-and every layer output (and, backwards, every gradient flowing between layers) is rounded to
-the compute dtype, products are accumulated in float32, the loss is computed in float32,
-and the gradients land in float32 master buffers. ``"16-mixed"`` runs the loss scaler of
-:mod:`unitrain.precision`; a scaled gradient past float16's range rounds to inf there, as
-on the frameworks, and the update is skipped.
+Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike:
+the parameters a pass reads, its input and every layer's output (and, backwards, every
+gradient flowing between layers and each parameter gradient of a pass) are rounded to the
+compute dtype, products are accumulated in float32, the loss is computed in float32, and the
+gradients land in float32 master buffers. ``"16-mixed"`` runs the loss scaler of
+:mod:`unitrain.precision`; a scaled gradient past float16's range rounds to inf there, as on
+the frameworks, and the update is skipped.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.models import MLP
+from unitrain.backends._numpy_layers import Run
+from unitrain.backends._numpy_model import build
+from unitrain.models import AbstractLayer, InputCheck
 from unitrain.precision import (
     GOOD_STEPS_KEY,
     SCALE_KEY,
@@ -36,29 +39,6 @@ from unitrain.precision import (
 from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
-
-_SQRT_2PI = np.sqrt(2.0 * np.pi)
-
-
-def _activate(name: str, z: np.ndarray) -> np.ndarray:
-    if name == "relu":
-        return np.maximum(z, 0)
-    if name == "tanh":
-        return np.tanh(z)
-    if name == "sigmoid":
-        return special.expit(z)
-    return 0.5 * z * (1.0 + special.erf(z / np.sqrt(2.0)))  # exact gelu
-
-
-def _activation_grad(name: str, z: np.ndarray, a: np.ndarray) -> np.ndarray:
-    if name == "relu":
-        return (z > 0).astype(z.dtype)
-    if name == "tanh":
-        return 1 - a * a
-    if name == "sigmoid":
-        return a * (1 - a)
-    cdf = 0.5 * (1.0 + special.erf(z / np.sqrt(2.0)))
-    return cdf + z * np.exp(-0.5 * z * z) / _SQRT_2PI
 
 
 def _round_float16(a: np.ndarray) -> np.ndarray:
@@ -73,11 +53,12 @@ def _round_bfloat16(a: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(a), a, rounded.view(np.float32))
 
 
-def _no_rounding(a: np.ndarray) -> np.ndarray:
-    return a
-
-
-_ROUNDING = {"float32": _no_rounding, "bfloat16": _round_bfloat16, "float16": _round_float16}
+#: The rounding of each compute dtype; float32 needs none.
+_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
+    "float32": None,
+    "bfloat16": _round_bfloat16,
+    "float16": _round_float16,
+}
 
 
 class NumpyBackend:
@@ -87,6 +68,7 @@ class NumpyBackend:
     capabilities = Capabilities(
         devices=("cpu",),
         dtypes=("float32", "float64"),
+        portable_layers=True,
         precisions={"cpu": ("32", "bf16-mixed", "16-mixed")},
     )
 
@@ -95,10 +77,11 @@ class NumpyBackend:
         """Always the CPU."""
         return ("cpu",)
 
-    def __init__(self, model: MLP, options: BackendOptions | None = None) -> None:
-        if not isinstance(model, MLP):
+    def __init__(self, model: AbstractLayer, options: BackendOptions | None = None) -> None:
+        if not isinstance(model, AbstractLayer):
             raise ConfigError(
-                f"the numpy backend trains unitrain.models.MLP only, got {type(model).__name__}"
+                "the numpy backend trains unitrain.models architectures only, "
+                f"got {type(model).__name__}"
             )
         self.options = options = options or BackendOptions()
         if options.device not in ("cpu", "auto"):
@@ -115,16 +98,19 @@ class NumpyBackend:
         require_precision(self.name, self.capabilities.precisions["cpu"], options.precision, "cpu")
         if options.precision != "32" and options.dtype != "float32":
             raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
-        self._low = _ROUNDING[compute_dtype(options.precision)]
+        #: Rounds to the compute dtype under mixed precision; None in "32".
+        self._rounding = _ROUNDING[compute_dtype(options.precision)]
         #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
         self.scaler = (
             options.loss_scaler.initial_state() if options.precision == "16-mixed" else None
         )
         self.model, self.dtype = model, np.dtype(options.dtype)
         self.params = model.init_params(options.seed, self.dtype)
+        self.model_state = model.init_state(self.dtype)
         self.opt_state = optim.init_state(options.optimizer, self.params)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self._cache: list[tuple[np.ndarray, ...]] = []
+        self._root = build(model)
+        self._input_check = InputCheck(model)
         self._micro_batch = 0
         self._skipped = 0
 
@@ -140,44 +126,43 @@ class NumpyBackend:
 
     # -- computation ---------------------------------------------------------------------
 
-    def _run(self, x: np.ndarray, train: bool) -> np.ndarray:
-        """Forward pass; in train mode keeps per-layer (input, pre-activation, output, mask)."""
-        self._cache = []
-        low = self._low
-        h = low(np.asarray(x, self.dtype))
-        rng = None
-        if train and self.model.dropout:
-            step = int(self.opt_state["step"])
-            rng = np.random.default_rng([self.options.seed, step, self._micro_batch])
-        last = self.model.num_layers - 1
-        for i in range(self.model.num_layers):
-            weight, bias = low(self.params[f"layers.{i}.weight"]), self.params[f"layers.{i}.bias"]
-            z = low(h @ weight + low(bias))
-            if i == last:
-                self._cache.append((h, z, z, None))
-                return z
-            a = low(_activate(self.model.activation, z))
-            mask = None
-            if rng is not None:
-                keep = 1.0 - self.model.dropout
-                mask = (rng.random(a.shape) < keep).astype(self.dtype) / self.dtype.type(keep)
-            self._cache.append((h, z, a, mask))
-            h = a if mask is None else low(a * mask)
-        raise AssertionError("unreachable")
+    def _pass(self, train: bool, grads: dict[str, np.ndarray], **seed: Any) -> Run:
+        """The shared context of one forward or backward pass.
+
+        Under mixed precision it reads the parameters rounded to the compute dtype (float32
+        master copies stay untouched) and rounds what flows between layers.
+        """
+        if self._rounding is None:
+            return Run(self.params, self.model_state, grads, train=train, **seed)
+        low = {k: self._rounding(v) for k, v in self.params.items()}
+        return Run(low, self.model_state, grads, train=train, rounding=self._rounding, **seed)
+
+    def _run(self, x: Any, train: bool) -> np.ndarray:
+        """Forward pass; in train mode every node keeps what its backward needs."""
+        self._input_check(x)
+        x = np.asarray(x) if self._input_check.tokens else np.asarray(x, self.dtype)
+        seed = [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+        run = self._pass(train, self.grads, dropout_seed=seed)
+        return run.low(self._root.forward(run.low(x), run))
 
     def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
-        """Return the mean loss and its gradient with respect to ``out``."""
-        n = len(out)
+        """Return the mean loss and its gradient with respect to ``out``.
+
+        Cross-entropy reads the last axis as classes and averages over every other position
+        (every token of a sequence model's ``(N, L, V)`` logits).
+        """
         if self.options.loss == "mse":
             diff = out - np.asarray(y, self.dtype).reshape(out.shape)
             return np.mean(diff * diff), 2 * diff / self.dtype.type(diff.size)
-        shifted = out - out.max(axis=1, keepdims=True)
+        logits = out.reshape(-1, out.shape[-1])
+        n = len(logits)
+        shifted = logits - logits.max(axis=1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        labels = np.asarray(y).astype(np.int64)
+        labels = np.asarray(y).astype(np.int64).reshape(-1)
         loss = -np.mean(log_probs[np.arange(n), labels])
         grad = np.exp(log_probs)
         grad[np.arange(n), labels] -= 1
-        return loss, grad / self.dtype.type(n)
+        return loss, (grad / self.dtype.type(n)).reshape(out.shape)
 
     # NaN and Inf are the Trainer's to handle (step skips the update, the policy decides), so
     # numpy's floating-point warnings about them are silenced: they would only be noise, or
@@ -198,19 +183,19 @@ class NumpyBackend:
             self._backward(scale)
 
     def _backward(self, scale: float) -> None:
-        low = self._low
+        if self._rounding is None:
+            run = self._pass(True, self.grads)
+            self._root.backward(self._grad_out * self.dtype.type(scale), run)
+            return
         if self.scaler is not None:
             scale = scale * float(self.scaler[0])  # a power of two: exact
-        delta = low(self._grad_out * self.dtype.type(scale))
-        for i in reversed(range(self.model.num_layers)):
-            h, z, a, mask = self._cache[i]
-            if i != self.model.num_layers - 1:
-                if mask is not None:
-                    delta = low(delta * mask)
-                delta = low(delta * _activation_grad(self.model.activation, z, a))
-            self.grads[f"layers.{i}.weight"] += low(h.T @ delta)
-            self.grads[f"layers.{i}.bias"] += low(delta.sum(axis=0))
-            delta = low(delta @ low(self.params[f"layers.{i}.weight"]).T)
+        # This pass's parameter gradients are rounded to the compute dtype, as a
+        # low-precision kernel writes them, before they are added to the float32 buffers.
+        grads = {k: np.zeros_like(v) for k, v in self.grads.items()}
+        run = self._pass(True, grads)
+        self._root.backward(run.low(self._grad_out * self.dtype.type(scale)), run)
+        for k, g in grads.items():
+            self.grads[k] += run.low(g)
 
     def step(self, lr: float) -> None:
         """Clip, check for non-finite gradients, apply the reference update, zero the grads."""
@@ -236,22 +221,37 @@ class NumpyBackend:
         self._micro_batch = 0
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
-        """Mean loss (and accuracy for classification) in eval mode: no dropout, no state."""
+        """Mean loss (and accuracy for classification) in eval mode: no dropout, the running
+        statistics used and left unchanged."""
         x, y = batch
         with np.errstate(all="ignore"):
             out = self._run(x, train=False)
             loss, _ = self._loss(out, y)
-        self._cache = []
         metrics = {"loss": loss}
         if self.options.loss == "cross_entropy":
-            metrics["accuracy"] = np.mean(out.argmax(axis=1) == np.asarray(y))
+            labels = np.asarray(y).reshape(out.shape[:-1])
+            metrics["accuracy"] = np.mean(out.argmax(axis=-1) == labels)
         return metrics
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode."""
+        with np.errstate(all="ignore"):
+            out = self._run(inputs, train=False)
+        self._cache = []
+        return out
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = np
+
+    def outputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """Eval-mode outputs and the targets, for metrics."""
+        return self.predict(batch[0]), np.asarray(batch[1])
 
     # -- state -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of the parameters and optimizer state under canonical names."""
-        state = {f"model.{k}": v.copy() for k, v in self.params.items()}
+        """Copies of the parameters, model state and optimizer state under canonical names."""
+        state = {f"model.{k}": v.copy() for k, v in (self.params | self.model_state).items()}
         state.update({f"optimizer.{k}": np.array(v) for k, v in self.opt_state.items()})
         if self.scaler is not None:
             state[f"optimizer.{SCALE_KEY}"] = np.array(self.scaler[0], np.float32)
@@ -259,12 +259,14 @@ class NumpyBackend:
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Replace parameters and optimizer state; shapes and names must match exactly."""
+        """Replace parameters, model state, optimizer state and the loss scaler's state;
+        names and shapes must match."""
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         if self.scaler is not None:
             self.scaler = take_scaler_state(opt)
-        self.params = {k: np.array(v, self.dtype) for k, v in model.items()}
+        self.params = {k: np.array(model[k], self.dtype) for k in self.params}
+        self.model_state = {k: np.array(model[k], self.dtype) for k in self.model_state}
         self.opt_state = {
             k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()
         }

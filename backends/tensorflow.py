@@ -39,17 +39,24 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF 
 
 import numpy as np
 import tensorflow as tf  # absolute: the framework, not this module
+import tensorflow.experimental.numpy as tnp
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _tensorflow_ops as ops
+from unitrain.backends._tensorflow_distributed import (
+    TensorFlowDistributed,
+    join_launched_workers,
+    launch_command,
+)
+from unitrain.backends._tensorflow_layers import TFPortable
 from unitrain.backends._tensorflow_precision import (
     COMPUTE_DTYPES,
     LossScale,
     set_matmul_precision,
 )
 from unitrain.backends._tensorflow_prefetch import prefetch
-from unitrain.models import MLP
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
@@ -75,6 +82,8 @@ class TensorFlowBackend:
         dtypes=tuple(_DTYPES),
         fused_step=True,
         bit_exact_resume=True,
+        portable_layers=True,
+        data_parallel=True,
         precisions={
             "cpu": ("32", "bf16-mixed", "16-mixed"),
             "gpu": ("32", "bf16-mixed", "16-mixed"),
@@ -87,6 +96,7 @@ class TensorFlowBackend:
         return ("cpu", "gpu") if tf.config.list_physical_devices("GPU") else ("cpu",)
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        join_launched_workers()  # MultiWorkerMirroredStrategy must come before any tensor
         self.options = options = options or BackendOptions()
         self.device_name = _resolve_device(options.device)
         if options.dtype not in _DTYPES:
@@ -97,10 +107,10 @@ class TensorFlowBackend:
         require_precision(
             self.name, self.capabilities.precisions[self.device], options.precision, self.device
         )
-        if options.precision != "32" and not isinstance(model, MLP):
+        if options.precision != "32" and not isinstance(model, AbstractLayer):
             raise ConfigError(
-                f"precision={options.precision!r} on the tensorflow backend casts the portable "
-                "MLP only; give a Keras model its own dtype policy "
+                f"precision={options.precision!r} on the tensorflow backend casts portable "
+                "models only; give a Keras model its own dtype policy "
                 "(keras.mixed_precision.set_dtype_policy('mixed_bfloat16')) and precision='32'"
             )
         self._compute_dtype = COMPUTE_DTYPES.get(options.precision)
@@ -113,6 +123,11 @@ class TensorFlowBackend:
                 params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
                 self.module: Any = ops.TFMLP(model, params, self.dtype)
                 self.variables: dict[str, tf.Variable] = self.module.named_variables()
+            elif isinstance(model, AbstractLayer):
+                numpy_dtype = self.dtype.as_numpy_dtype
+                params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
+                self.module = TFPortable(model, params, state, self.dtype, self._compute_dtype)
+                self.variables = self.module.named_variables() | self.module.named_state()
             else:
                 self.module = model
                 self.variables = ops.named_variables(model)
@@ -132,7 +147,9 @@ class TensorFlowBackend:
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = ops.loss_function(options.loss)
-        self._dropout = isinstance(model, MLP) and model.dropout > 0
+        self._dropout = isinstance(model, AbstractLayer) and model.drops_out
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
         self._functions: dict[tuple[Any, ...], Any] = {}
         self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
@@ -141,6 +158,7 @@ class TensorFlowBackend:
         self._accumulated = False
         self._micro_batch = 0
         self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
+        self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
     @property
     def device(self) -> str:
@@ -159,8 +177,10 @@ class TensorFlowBackend:
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
         x = tf.convert_to_tensor(x)
-        if x.dtype != self.dtype:
+        if x.dtype != self.dtype and not self._tokens:
             x = tf.cast(x, self.dtype)
         y = tf.convert_to_tensor(y)
         if self.classification and y.dtype != tf.int64:
@@ -193,9 +213,26 @@ class TensorFlowBackend:
 
     def step(self, lr: float) -> None:
         """Clip, skip on a non-finite norm, update at ``lr``, zero the buffers (one call)."""
+        if self._reduce_gradients is not None:
+            summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
+            for buffer, value in zip(self.grad_buffers, summed, strict=True):
+                buffer.assign(value)
         function = self._function(("step",), self._step_graph, (_scalar(self.dtype),))
         function(tf.constant(lr, self.dtype))
         self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def distribute(self, reduce_gradients: Any) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
+        self._reduce_gradients = reduce_gradients
+
+    def launched_strategy(self) -> Any:
+        """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
+        return TensorFlowDistributed.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
+        return launch_command(workers)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""
@@ -274,12 +311,35 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
+    def _compute_input(self, x: tf.Tensor) -> tf.Tensor:
+        """``x`` in the compute dtype under mixed precision; token ids stay integers."""
+        if self._compute_dtype is not None and x.dtype.is_floating:
+            return tf.cast(x, self._compute_dtype)
+        return x
+
+    def _eval_outputs(self, x: tf.Tensor) -> tf.Tensor:
+        """Eval-mode outputs in the parameter dtype (run eagerly)."""
+        out = self.module(self._compute_input(x), training=False)
+        return out if self._compute_dtype is None else tf.cast(out, self.dtype)
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
+        return np.asarray(self._eval_outputs(x))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = tnp
+
+    def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
+        x, y = self._tensors(batch)
+        return self._eval_outputs(x), y
+
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 
     def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
-        if self._compute_dtype is not None:
-            x = tf.cast(x, self._compute_dtype)
-        if isinstance(self.module, ops.TFMLP):
+        x = self._compute_input(x)
+        if isinstance(self.module, (ops.TFMLP, TFPortable)):
             out = self.module(x, training=training, key=key)
             out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
         else:
@@ -299,9 +359,12 @@ class TensorFlowBackend:
             _, loss = self._model_loss(x, y, True, key)
             scaled = self.loss_scale.scaled(loss)
         grads = tape.gradient(scaled, params)
-        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would.
+        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
+        # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the
+        # update rules and the gradient buffers expect.
         return loss, [
-            tf.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+            tf.zeros_like(p) if g is None else tf.convert_to_tensor(g)
+            for p, g in zip(params, grads, strict=True)
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
@@ -379,7 +442,7 @@ class TensorFlowBackend:
         out, loss = self._model_loss(x, y, False, None)
         metrics = {"loss": loss}
         if self.classification:
-            correct = tf.equal(tf.argmax(out, axis=1, output_type=y.dtype), y)
+            correct = tf.equal(tf.argmax(out, axis=-1, output_type=y.dtype), y)
             metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
         return metrics
 

@@ -30,13 +30,14 @@ from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._torch_kernels import build_optimizer, finite_check
+from unitrain.backends._torch_layers import build_portable
 from unitrain.backends._torch_precision import (
     MixedPrecision,
     cpu_float16_autocast,
     set_matmul_precision,
 )
 from unitrain.backends._torch_prefetch import prefetch
-from unitrain.models import MLP
+from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
@@ -78,6 +79,24 @@ class TorchMLP(nn.Module):
         return x
 
 
+class _ArrayOps:
+    """The numpy-style functions metrics use, on tensors (torch names them differently)."""
+
+    exp, log, reshape = torch.exp, torch.log, torch.reshape
+
+    @staticmethod
+    def sum(a: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+        return torch.sum(a) if axis is None else torch.sum(a, dim=axis)
+
+    @staticmethod
+    def max(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
+        return torch.amax(a, dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def take_along_axis(a: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.take_along_dim(a, indices, dim=axis)
+
+
 class TorchBackend:
     """PyTorch implementation of the :class:`unitrain.backend.Backend` protocol."""
 
@@ -86,6 +105,8 @@ class TorchBackend:
         devices=("cpu", "gpu"),
         dtypes=("float32", "float64", "bfloat16"),
         fused_step=False,
+        portable_layers=True,
+        data_parallel=True,
         precisions={
             "cpu": ("32", "bf16-mixed") + (("16-mixed",) if cpu_float16_autocast() else ()),
             "gpu": ("32", "bf16-mixed", "16-mixed"),
@@ -120,6 +141,8 @@ class TorchBackend:
                 initial = model.init_params(options.seed, _numpy_dtype(self.dtype))
                 for name, value in initial.items():
                     self.module.get_parameter(name).copy_(torch.from_numpy(value))
+        elif isinstance(model, AbstractLayer):
+            self.module = build_portable(model, options.seed, self.dtype, self.torch_device)
         elif isinstance(model, nn.Module):
             self.module = model
         else:
@@ -129,8 +152,11 @@ class TorchBackend:
             )
         self.module.to(self.torch_device, self.dtype).train()
         self.params = dict(self.module.named_parameters())
+        self._forward_module = self.module  # DDP's wrapper when data-parallel (distribute)
         #: Parameters and persistent buffers under their state-dict names, in the module's order.
         self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = _loss_function(options.loss)
         self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
@@ -161,7 +187,11 @@ class TorchBackend:
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
-        if self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
+        if self._input_check is not None:
+            self._input_check(x)
+        if self._tokens:
+            x = torch.as_tensor(x).to(self.torch_device, torch.int64)
+        elif self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
             x = torch.from_numpy(x)  # the common case: no conversion, no copy, no dispatch
         else:
             x = torch.as_tensor(x).to(self.torch_device, self.dtype, non_blocking=True)
@@ -179,6 +209,8 @@ class TorchBackend:
     def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.options.loss == "mse":  # targets may come as (n,) for one output
             y = y.reshape(out.shape)
+        elif self.classification and out.ndim > 2:  # every position of (N, L, V) logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
         return self.loss_fn(out, y)
 
     def forward(self, batch: Batch) -> Any:
@@ -191,10 +223,27 @@ class TorchBackend:
             seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
             generator.manual_seed(seed)
         with self._mixed.autocast():
-            out = self.module(x)
+            out = self._forward_module(x)
             self._loss = self._compute_loss(out, y)
         self._micro_batch += 1
         return self._loss.detach()
+
+    def distribute(self, wrap: Any) -> None:
+        """Run train-mode forwards through ``wrap(module)`` (DDP), which syncs gradients."""
+        self._forward_module = wrap(self.module)
+
+    def launched_strategy(self) -> Any:
+        """DDP over the workers torchrun started, or None when it did not start this one."""
+        from unitrain.backends._torch_distributed import TorchDDP
+
+        return TorchDDP.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (torch.distributed.run)."""
+        from unitrain.backends._torch_distributed import launch_command
+
+        return launch_command(workers)
 
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""
@@ -281,8 +330,26 @@ class TorchBackend:
             out = self.module(x)
             metrics = {"loss": self._compute_loss(out, y)}
             if self.classification:
-                metrics["accuracy"] = (out.argmax(dim=1) == y).to(torch.float32).mean()
+                hits = out.argmax(dim=-1) == y.reshape(out.shape[:-1])
+                metrics["accuracy"] = hits.to(torch.float32).mean()
         return metrics
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))  # token ids stay ints
+        self.module.eval()
+        with torch.no_grad(), self._mixed.autocast():
+            return _to_numpy(self.module(x).to(self.dtype))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = _ArrayOps
+
+    def outputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval-mode outputs and the targets as tensors on the device, for metrics."""
+        x, y = self._tensors(batch)
+        self.module.eval()
+        with torch.no_grad(), self._mixed.autocast():
+            return self.module(x).to(self.dtype), y
 
     # -- state -------------------------------------------------------------------------------
 

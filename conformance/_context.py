@@ -21,6 +21,7 @@ from unitrain import callbacks as core_callbacks
 from unitrain.backend import BackendOptions, Capabilities, FusedStep
 from unitrain.config import TrainerConfig
 from unitrain.conformance._tolerances import Tolerance
+from unitrain.registry import get_backend
 from unitrain.trainer import Trainer
 
 __all__ = [
@@ -188,9 +189,8 @@ class Context:
 
     def reference(self, model: Any, dtype: str = "float64", **fields: Any) -> Any:
         """A fresh numpy reference backend (float64 unless asked), on the CPU."""
-        from unitrain.backends.numpy import NumpyBackend
-
-        return NumpyBackend(model, BackendOptions(device="cpu", dtype=dtype, **fields))
+        reference = get_backend("numpy")
+        return reference(model, BackendOptions(device="cpu", dtype=dtype, **fields))
 
     def trainer(self, model: Any, backend: Any, **kwargs: Any) -> Trainer:
         """A Trainer around an already built backend; ``config`` fields go in ``config=``."""

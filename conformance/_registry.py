@@ -36,12 +36,16 @@ FAMILIES = (
     "early_stopping",
     "callbacks",
     "eval_mode",
+    "dropout",
     "accumulation",
     "clipping",
     "fused",
     "determinism",
     "devices",
     "mixed_precision",
+    "layers",
+    "model_state",
+    "data_parallel",
 )
 
 CheckFunction = Callable[["Context"], None]
@@ -57,6 +61,8 @@ class Check:
         function: runs the check; raises ``CheckFailed`` / ``CheckSkipped`` or returns.
         requires: capability names that must be declared (``"fused_step"``), else skip.
         description: the first docstring line, shown by ``--list``.
+        guards: the backend bugs it fails on, shown by ``--list`` (and listed in
+            docs/writing-a-backend.md), so that an author knows what to look for.
     """
 
     family: str
@@ -64,6 +70,7 @@ class Check:
     function: CheckFunction
     requires: tuple[str, ...] = ()
     description: str = ""
+    guards: str = ""
 
     @property
     def base_id(self) -> str:
@@ -89,14 +96,17 @@ def check_id(family: str, name: str, device: str, dtype: str) -> str:
 
 
 def check(
-    family: str, name: str, *, requires: Iterable[str] = ()
+    family: str, name: str, *, requires: Iterable[str] = (), guards: str
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register the decorated function as the check ``family::name``."""
+    """Register the decorated function as the check ``family::name``.
+
+    ``guards`` names the backend bugs the check fails on, in a few words.
+    """
     if family not in FAMILIES:
         raise ValueError(f"unknown check family {family!r}; known: {FAMILIES}")
 
     def register(function: CheckFunction) -> CheckFunction:
-        add_check(family, name, function, requires=requires)
+        add_check(family, name, function, requires=requires, guards=guards)
         return function
 
     return register
@@ -109,8 +119,11 @@ def add_check(
     *,
     requires: Iterable[str] = (),
     description: str | None = None,
+    guards: str,
 ) -> Check:
     """Register ``function`` as ``family::name`` (for checks generated from a table)."""
+    if not guards:
+        raise ValueError(f"check {family}::{name} must say what it guards against")
     base = f"{family}::{name}"
     if base in _CHECKS:
         existing = _CHECKS[base]
@@ -121,7 +134,8 @@ def add_check(
             return existing
         raise ValueError(f"check {base!r} is registered twice")
     doc = description if description is not None else (function.__doc__ or "")
-    registered = Check(family, name, function, tuple(requires), doc.strip().split("\n")[0])
+    summary = doc.strip().split("\n")[0]
+    registered = Check(family, name, function, tuple(requires), summary, guards)
     _CHECKS[base] = registered
     return registered
 

@@ -157,6 +157,24 @@ class Report:
         ran = [r for r in self.results if r.status in ("passed", "xfailed", "xpassed")]
         return "conforms" if ran else "nothing checked"
 
+    def verdict_line(self) -> str:
+        """The verdict as one line that is never read as full agreement when it is not.
+
+        A backend that conforms only thanks to declared known failures says how many:
+        ``conforms, with 15 declared deviations``.
+
+        Examples:
+            >>> from unitrain.conformance._runner import CheckResult
+            >>> known = CheckResult("a::b[cpu-float32]", "a", "b", "x", {}, "0", "cpu",
+            ...                     "float32", "xfailed", "declared")
+            >>> Report(BackendUnderTest(None, "x", "x", None), [known] * 2).verdict_line()
+            'conforms, with 2 declared deviations'
+        """
+        verdict, known = self.verdict(), self.counts()["xfailed"]
+        if verdict != "conforms" or not known:
+            return verdict
+        return f"conforms, with {known} declared deviation{'' if known == 1 else 's'}"
+
     def family_rows(self) -> list[dict[str, Any]]:
         """Per family: counts and the worst numeric error relative to its tolerance."""
         rows = []
@@ -193,6 +211,7 @@ class Report:
             "backend_versions": versions,
             "unitrain_version": unitrain.__version__,
             "verdict": self.verdict(),
+            "verdict_line": self.verdict_line(),
             "total": len(self.results),
             "counts": self.counts(),
             "families": {row.pop("family"): row for row in self.family_rows()},
@@ -269,7 +288,7 @@ class Report:
         for warning in self.warnings:
             lines.append(f"WARNING  {warning}")
         lines.append("")
-        lines.append(f"verdict: {self.verdict()}")
+        lines.append(f"verdict: {self.verdict_line()}")
         return "\n".join(lines)
 
 

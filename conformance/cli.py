@@ -23,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", help="write the JSON report here")
     parser.add_argument("-k", dest="keyword", help="select checks by id, pytest -k style")
     parser.add_argument("--hypothesis-profile", default="ci", choices=("ci", "dev"))
-    parser.add_argument("--list", action="store_true", help="list the check ids and exit")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list the check ids, what each checks and the bugs it fails on, and exit",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per check")
 
 
@@ -35,6 +39,7 @@ def main(args: Any) -> int:
     if args.list:
         for item in all_checks():
             print(f"{item.base_id:55s} {item.description}")
+            print(f"{'':4s}fails on: {item.guards}")
         return 0
     backend = args.backend or default_backend_name()
 

@@ -284,7 +284,7 @@ def uninterrupted(digits):
 
 CHECKPOINTS = {  # how the first run saves -> the checkpoint the second run resumes from
     "epoch-boundary": ({"every_n_epochs": 1}, "epoch=0001-step=000008"),
-    "mid-epoch": ({"every_n_steps": 5}, "epoch=0001-step=000010"),
+    "mid-epoch": ({"every_n_steps": 5}, "epoch=0002-step=000010"),
 }
 
 

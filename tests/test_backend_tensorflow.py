@@ -326,7 +326,7 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path: Path, grad_accum_steps: int) ->
     again.fit(train)
     _assert_states_equal(again.backend.state_dict(), full.backend.state_dict())  # same seed
     # Update 3 ends batch 3 (fused) or batch 6 (two micro-batches per update) of 10.
-    checkpoint = tmp_path / "full" / checkpoint_name(0, 3)
+    checkpoint = tmp_path / "full" / checkpoint_name(1, 3)  # step 3 is in epoch 1
     assert load_checkpoint(checkpoint).trainer["batch"] == 3 * grad_accum_steps
     resumed = _small_trainer(tmp_path / "resumed", grad_accum_steps)
     resumed.fit(train, resume=checkpoint)

@@ -64,7 +64,7 @@ def test_bad_options_are_refused(options, message):
 def test_not_a_model_is_refused():
     with pytest.raises(ConfigError, match=r"nn\.Module"):
         TorchBackend(object(), BackendOptions())
-    with pytest.raises(ConfigError, match="MLP only"):
+    with pytest.raises(ConfigError, match="architectures only"):
         NumpyBackend(object(), BackendOptions())
     with pytest.raises(ConfigError, match="'cpu' only"):
         NumpyBackend(MODEL, BackendOptions(device="gpu"))

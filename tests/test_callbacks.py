@@ -80,6 +80,10 @@ class FakeTrainer:
     def lr(self) -> float:
         return self.base_lr * self.lr_factor
 
+    def stop(self, reason: str) -> None:
+        self.state.stop_training = True
+        self.stop_reason = reason
+
 
 def drive(
     callback: Any,
@@ -354,6 +358,25 @@ def test_restore_best_weights_restores_exactly_the_best_epoch(stop_early):
     np.testing.assert_array_equal(weights["optimizer.step"], last)
 
 
+@pytest.mark.parametrize("start_from_epoch", [0, 2])
+def test_restore_best_weights_keeps_the_first_monitored_epoch_when_nothing_improves(
+    start_from_epoch,
+):
+    """A metric that never improves (NaN) restores the weights of the first epoch watched,
+    as Keras does: "if best weights were never set, the current weights are the best"."""
+    callback = EarlyStopping(
+        monitor="val_loss",
+        patience=10,
+        restore_best_weights=True,
+        start_from_epoch=start_from_epoch,
+    )
+    trainer, stopped = drive(callback, [math.nan] * 5, key="val_loss")
+    assert stopped is None and callback.best_epoch is None
+    weights = trainer.backend.weights
+    np.testing.assert_array_equal(weights["model.layers.0.bias"], np.full(2, start_from_epoch))
+    np.testing.assert_array_equal(weights["optimizer.step"], 4)
+
+
 def test_without_restore_best_weights_the_last_weights_stay():
     callback = EarlyStopping(monitor="val_loss", patience=1)
     trainer, stopped = drive(callback, [1.0, 0.5, 0.7], key="val_loss")
@@ -482,7 +505,7 @@ def test_early_stopping_on_train_begin_resets_a_previous_run():
 
 
 @pytest.mark.parametrize(
-    "resume_at", ["epoch=0000-step=000003", "epoch=0002-step=000009", "epoch=0003-step=000015"]
+    "resume_at", ["epoch=0001-step=000003", "epoch=0003-step=000009", "epoch=0004-step=000015"]
 )
 def test_early_stopping_resumed_from_a_checkpoint_stops_like_an_uninterrupted_run(
     tmp_path, resume_at
@@ -647,10 +670,35 @@ def test_model_checkpoint_every_n_steps_names_epoch_and_step(tmp_path):
     checkpoint = ModelCheckpoint(tmp_path, every_n_epochs=None, every_n_steps=3)
     trainer = make_trainer([checkpoint], epochs=2)
     trainer.fit(tiny_data())
-    assert _names(tmp_path) == ["epoch=0000-step=000003", "epoch=0001-step=000006"]
-    info = load_checkpoint(tmp_path / "epoch=0001-step=000006").trainer
+    # The name counts epochs from 1, as the console and metric files do: step 3 is in epoch 1.
+    assert _names(tmp_path) == ["epoch=0001-step=000003", "epoch=0002-step=000006"]
+    info = load_checkpoint(tmp_path / "epoch=0002-step=000006").trainer
     assert (info["epoch"], info["step"], info["batch"]) == (1, 6, 2)
-    assert checkpoint.last_saved == tmp_path / "epoch=0001-step=000006"
+    assert checkpoint.last_saved == tmp_path / "epoch=0002-step=000006"
+
+
+def test_a_step_saved_by_step_and_at_its_epoch_end_has_one_name(tmp_path):
+    checkpoint = ModelCheckpoint(tmp_path, every_n_epochs=1, every_n_steps=4)
+    trainer = make_trainer([checkpoint], epochs=2)
+    trainer.fit(tiny_data())  # 4 updates per epoch: each epoch's last step is saved twice
+    assert _names(tmp_path) == ["epoch=0001-step=000004", "epoch=0002-step=000008"]
+    # The later save (at the epoch's end, with the epoch counted as done) replaced the first.
+    assert load_checkpoint(tmp_path / "epoch=0002-step=000008").trainer["batch"] == 0
+
+
+def test_early_stopping_says_why_training_stopped():
+    stopper = EarlyStopping(monitor="score", mode="min", patience=1)
+    trainer, stopped = drive(stopper, [1.0, 2.0, 3.0])
+    assert stopped == 1
+    assert trainer.stop_reason == (
+        "early stopping: score did not improve for 1 epochs (best 1 at epoch 1)"
+    )
+
+
+def test_a_fit_that_runs_all_its_epochs_has_no_stop_reason():
+    trainer = make_trainer([], epochs=2)
+    trainer.fit(tiny_data())
+    assert trainer.stop_reason is None and trainer.state.epoch == 2
 
 
 def test_model_checkpoint_keep_last_prunes_the_oldest(tmp_path):
@@ -753,7 +801,7 @@ def test_jsonl_logger_writes_one_flushed_strict_json_line_per_epoch(tmp_path):
     history = trainer.fit(tiny_data(), tiny_data(seed=1))
     assert [len(lines) for lines in reader.seen] == [1, 2, 3]
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [row["epoch"] for row in rows] == [0, 1, 2]
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert rows == [json.loads(json.dumps(row)) for row in history]
     assert {"loss", "val_loss", "val_accuracy", "lr", "step"} <= set(rows[0])
 
@@ -849,7 +897,7 @@ def test_csv_logger_writes_header_once_and_empty_cells_for_missing_metrics(tmp_p
     lines = path.read_text().splitlines()
     header = lines[0].split(",")
     assert header == ["epoch", "step", "lr", "loss", "skipped_steps", "seconds"]
-    assert [line.split(",")[0] for line in lines[1:]] == ["0", "1", "2"]
+    assert [line.split(",")[0] for line in lines[1:]] == ["1", "2", "3"]
 
 
 def test_logger_resume_in_a_real_run_has_no_duplicate_epochs(tmp_path):
@@ -858,12 +906,12 @@ def test_logger_resume_in_a_real_run_has_no_duplicate_epochs(tmp_path):
     first = make_trainer([JSONLLogger(log), ModelCheckpoint(ckpt)], epochs=3)
     first.fit(tiny_data())
     full = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [row["epoch"] for row in full] == [0, 1, 2]
+    assert [row["epoch"] for row in full] == [1, 2, 3]
 
     second = make_trainer([JSONLLogger(log), ModelCheckpoint(ckpt)], epochs=3)
     second.fit(tiny_data(), resume=ckpt / "epoch=0001-step=000004")
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [row["epoch"] for row in rows] == [0, 1, 2]
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert rows[0] == full[0]
     for row, reference in zip(rows[1:], full[1:], strict=True):
         assert {k: v for k, v in row.items() if k != "seconds"} == {

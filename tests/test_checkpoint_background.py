@@ -145,3 +145,16 @@ def test_an_error_in_training_notes_a_failed_background_save(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="boom") as raised:
         trainer.fit(data)
     assert any("No space left on device" in note for note in raised.value.__notes__)
+
+
+def test_ctrl_c_is_held_back_while_the_save_thread_starts():
+    """A KeyboardInterrupt inside Thread.start would leave a save that cannot be joined."""
+    import signal
+
+    from unitrain.checkpoint._write import _interrupts_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), _interrupts_deferred():
+        signal.raise_signal(signal.SIGINT)  # pending until the block ends
+        reached.append("the block ran to its end")
+    assert reached == ["the block ran to its end"]

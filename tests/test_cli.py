@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _backends import backends
 
+from unitrain import Trainer, TrainerConfig, models
+from unitrain.checkpoint import list_checkpoints
 from unitrain.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,13 +25,13 @@ def test_train_writes_metrics_and_checkpoints_then_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--backend", "numpy", "--epochs", "3", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert {"epoch", "step", "lr", "loss", "val_loss", "val_accuracy", "seconds"} <= set(rows[0])
     assert rows[-1]["val_accuracy"] > 0.9
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert checkpoints[-1] == "epoch=0003-step=000135"
     printed = capsys.readouterr().out
-    assert "final val_accuracy=" in printed
+    assert "final val_loss=" in printed and " val_accuracy=0.9" in printed
     with pytest.warns(UserWarning, match="already finished"):
         assert (
             main(
@@ -67,6 +72,8 @@ def test_errors_are_printed_without_a_traceback(tmp_path, capsys):
     assert "unknown backend 'pytorch'" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint directory" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "nothing.py")]) == 2
+    assert "neither a file nor a built-in recipe" in capsys.readouterr().err
 
 
 def test_unitrain_backend_environment_variable_picks_the_backend(tmp_path, monkeypatch, capsys):
@@ -118,3 +125,217 @@ def test_train_and_example_run_unchanged_on_every_backend(backend, tmp_path, cap
     )
     assert result.returncode == 0, result.stderr
     assert f"{backend}: val_accuracy=" in result.stdout
+
+
+def test_ctrl_c_finishes_the_save_and_prints_one_line_to_resume(tmp_path):
+    """A real SIGINT mid-training: exit 130, one line naming a valid checkpoint, no traceback."""
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "unitrain.cli", "train", "--backend", "numpy"]
+    command += ["--epochs", "500", "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    named = lines[0].split("last checkpoint ")[1].split("; resume with: ")
+    assert load_checkpoint(named[0]).trainer["step"] > 0  # the checkpoint is complete
+    assert named[0] == str(list_checkpoints(out / "checkpoints")[-1])
+    assert named[1].endswith(f"--out {out} --resume latest")
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "unitrain.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_recipe_file_with_set_trains_and_writes_metrics_events_and_checkpoints(tmp_path):
+    out = tmp_path / "run"
+    recipe = ROOT / "examples" / "recipes" / "digits.toml"
+    args = ["train", str(recipe), "--backend", "numpy", "--out", str(out)]
+    assert main([*args, "--set", "config.epochs=2", "--set", "callbacks.0.patience=5"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert [p.name for p in list_checkpoints(out / "checkpoints")][-1] == "epoch=0002-step=000090"
+    tags = _scalars(out / "tensorboard")
+    assert {"epoch/loss", "epoch/val_loss", "epoch/val_accuracy", "epoch/lr"} <= set(tags)
+    assert {"train/loss", "train/lr"} <= set(tags)
+    steps, values = zip(*tags["epoch/val_loss"])
+    assert steps == (45, 90)
+    assert values == pytest.approx([r["val_loss"] for r in rows], rel=1e-6)
+    assert main(["plot", str(out)]) == 0
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Read TensorBoard event files back (TFRecord framing, Event protos from tensorboardX)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            length = int.from_bytes(data[offset : offset + 8], "little")
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4  # length, its crc, the record, its crc
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return found
+
+
+def test_epoch_lines_stream_as_they_happen_and_the_stop_reason_is_printed(tmp_path, capsys):
+    from unitrain.callbacks import ConsoleLogger
+
+    flushes = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            flushes.append(("write", text))
+
+        def flush(self) -> None:
+            flushes.append(("flush", ""))
+
+    logger = ConsoleLogger(stream=Stream())
+    trainer = Trainer(models.MLP((2, 2)), backend="numpy", callbacks=[logger])
+    trainer.config = TrainerConfig(epochs=2, batch_size=4)
+    trainer.fit((np.zeros((8, 2), "float32"), np.zeros(8, "int64")))
+    lines = "".join(text for kind, text in flushes).splitlines()
+    assert lines[0].startswith("epoch 1/2: loss=") and lines[1].startswith("epoch 2/2: ")
+    assert [kind for kind, _ in flushes].count("flush") >= 2  # each line flushed as printed
+
+    out = tmp_path / "stop"
+    args = ["train", "--backend", "numpy", "--out", str(out), "--set", "callbacks.0.patience=0"]
+    assert main([*args, "--set", "callbacks.0.min_delta=10"]) == 0
+    printed = capsys.readouterr().out
+    assert "stopped after epoch 2 of 10: early stopping: val_loss did not improve" in printed
+    assert main(["train", "--backend", "numpy", "--epochs", "1", "--out", str(tmp_path / "d")]) == 0
+    assert "done: 1 of 1 epochs" in capsys.readouterr().out
+
+
+def test_inspect_lists_a_folder_of_checkpoints(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(["train", "--backend", "numpy", "--epochs", "2", "--out", str(out)])
+    capsys.readouterr()
+    for folder in (out, out / "checkpoints"):  # the run folder or its checkpoints
+        assert main(["inspect", str(folder)]) == 0
+        printed = capsys.readouterr().out
+        assert "2 checkpoints" in printed
+        assert "epoch=0002-step=000090  2      90" in printed and "ok" in printed
+
+
+def test_closed_pipes_warnings_and_framework_noise_print_no_tracebacks(tmp_path):
+    for command in ("conformance --list", f"inspect {tmp_path}/run"):
+        if command.startswith("inspect"):
+            main(["train", "--backend", "numpy", "--epochs", "1", "--out", f"{tmp_path}/run"])
+        shell = f"{sys.executable} -m unitrain.cli {command} | head -1"
+        result = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=120)
+        assert result.stderr == "", result.stderr
+        assert len(result.stdout.splitlines()) == 1
+    fresh = ["train", "--backend", "numpy", "--epochs", "1", "--resume", "latest"]
+    result = _run(*fresh, "--out", str(tmp_path / "fresh"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"unitrain: warning: resume='latest': no checkpoint in {tmp_path / 'fresh'}/checkpoints "
+        "yet; starting from scratch"
+    ]
+
+
+@pytest.mark.parametrize("backend", backends("tensorflow"))
+def test_tensorflow_start_up_lines_are_hidden(backend, tmp_path):
+    result = _run("train", "--backend", backend, "--epochs", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "oneDNN" not in result.stderr and "cpu_feature_guard" not in result.stderr
+    assert result.stderr == "", result.stderr
+    listing = _run("backends")  # lists TensorFlow's devices, so imports it
+    assert listing.returncode == 0 and listing.stderr == "", listing.stderr
+
+
+@pytest.mark.parametrize("other", backends("torch"))
+def test_compare_prints_each_backend_per_epoch_and_plots(other, tmp_path):
+    out = tmp_path / "compare"
+    backends_flag = ["--backends", f"numpy,{other}"]
+    result = _run("compare", "digits", *backends_flag, "--epochs", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("epoch"))
+    assert header.split() == ["epoch", "metric", "numpy", other, "max", "diff"]
+    val_loss = [line.split() for line in lines if " val_loss " in f" {line} "]
+    assert len(val_loss) == 2
+    for row in val_loss:
+        numpy_value, other_value, spread = float(row[-3]), float(row[-2]), float(row[-1])
+        assert spread == pytest.approx(abs(numpy_value - other_value), abs=2e-6)
+        assert spread < 1e-3  # the kit's promise, on this recipe
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_kit_as_pytest_passes_from_the_repository_root():
+    """The project's own pytest settings (coverage threshold) must not fail a user's kit run."""
+    command = [sys.executable, "-m", "pytest", "--pyargs", "unitrain.conformance"]
+    command += ["--unitrain-backend", "numpy", "-n", "0", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        " passed, " in result.stdout.splitlines()[-1]
+        and "failed" not in result.stdout.splitlines()[-1]
+    )
+
+
+def test_the_readme_states_the_kits_check_count():
+    from unitrain.conformance import all_checks
+    from unitrain.conformance._registry import FAMILIES
+
+    readme = (ROOT / "README.md").read_text()
+    assert f"{len(all_checks())} checks in {len(FAMILIES)} families" in readme
+    assert f"each of the {len(all_checks())} checks" in readme
+
+
+def test_the_tensorboard_logger_does_not_import_torch(tmp_path):
+    code = (
+        "import sys, numpy as np\n"
+        "from unitrain import Trainer, TrainerConfig, models\n"
+        "from unitrain.callbacks import TensorBoardLogger\n"
+        f"logger = TensorBoardLogger({str(tmp_path)!r})\n"
+        "trainer = Trainer(models.MLP((2, 2)), backend='numpy', callbacks=[logger],\n"
+        "                  config=TrainerConfig(epochs=1, batch_size=4))\n"
+        "trainer.fit((np.zeros((8, 2), 'float32'), np.zeros(8, 'int64')))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    assert "epoch/loss" in _scalars(tmp_path)
+
+
+def test_a_python_recipe_with_a_native_model_and_its_own_logger_trains(tmp_path, capsys):
+    pytest.importorskip("torch")
+    recipe = tmp_path / "native.py"
+    recipe.write_text(
+        "import numpy as np\n"
+        "import torch\n"
+        "from unitrain import callbacks\n"
+        "from unitrain.recipe import Recipe\n"
+        "\n"
+        "def recipe():\n"
+        "    x = np.random.default_rng(0).normal(size=(64, 4)).astype('float32')\n"
+        "    y = (x[:, 0] > 0).astype('int64')\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), "
+        "torch.nn.Linear(8, 2))\n"
+        f"    logger = callbacks.JSONLLogger({str(tmp_path / 'mine.jsonl')!r})\n"
+        "    return Recipe(model=model, data=((x, y), (x, y)), callbacks=[logger])\n"
+    )
+    out = tmp_path / "run"
+    assert (
+        main(["train", str(recipe), "--backend", "torch", "--epochs", "2", "--out", str(out)]) == 0
+    )
+    assert "training native on torch" in capsys.readouterr().out
+    assert len((tmp_path / "mine.jsonl").read_text().splitlines()) == 2  # the recipe's logger
+    assert not (out / "metrics.jsonl").exists()
+    assert [p.name for p in list_checkpoints(out / "checkpoints")][-1] == "epoch=0002-step=000004"

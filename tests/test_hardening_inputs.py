@@ -459,7 +459,7 @@ def resume_other_batching(tmp: Path) -> None:
     run = trainer(callbacks.ModelCheckpoint(tmp, every_n_steps=3, every_n_epochs=None))
     run.fit(arrays())  # 4 updates per epoch; a checkpoint at step 3 is at batch 3
     TRAINERS.remove(run)
-    trainer(batch_size=16).fit(arrays(), resume=tmp / "epoch=0000-step=000003")
+    trainer(batch_size=16).fit(arrays(), resume=tmp / "epoch=0001-step=000003")
 
 
 @entry(

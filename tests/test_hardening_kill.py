@@ -16,7 +16,8 @@ completes, and the final checkpoints and metrics must be bit-identical to the un
 run's. The default run does 5 kills per backend in one trial (each resumed run is killed
 again, and the last one finishes; a run that ends before its kill time starts a new trial);
 ``pytest -m slow tests/test_hardening_kill.py`` does independent trials of one kill and one
-resume each until ``UNITRAIN_KILL_TRIALS`` (default 50) kills have landed.
+resume each until ``UNITRAIN_KILL_TRIALS`` (default 50) kills have landed, every second one
+aimed inside a checkpoint write. Both assert that some kills did land inside a write.
 ``UNITRAIN_HARDENING_REPORT=<dir>`` writes each test's figures there as JSON.
 """
 
@@ -36,7 +37,6 @@ import numpy as np
 import pytest
 from _backends import backends
 
-from unitrain import CheckpointError
 from unitrain.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
 
 EPOCHS = 4
@@ -198,11 +198,7 @@ def check_after_kill(out: Path, reference: Reference, report: dict[str, Any]) ->
     directory = out / "checkpoints"
     newest_epoch = 0
     for checkpoint in list_checkpoints(directory):
-        try:
-            verify_checkpoint(checkpoint)
-        except CheckpointError:
-            report["corrupt"] += 1
-            raise
+        verify_checkpoint(checkpoint)  # a CheckpointError here fails the test
         name = checkpoint.name
         if name.startswith("."):  # a copy displaced by a replacement the kill interrupted
             name = name[1:].split(".old-")[0]
@@ -241,20 +237,26 @@ def check_final(out: Path, reference: Reference) -> None:
 
 
 def run_trial(
-    backend: str, out: Path, reference: Reference, kills: int, rng: np.random.Generator
+    backend: str,
+    out: Path,
+    reference: Reference,
+    kills: int,
+    rng: np.random.Generator,
+    first_in_a_write: bool = False,
 ) -> dict[str, Any]:
     """Kill ``kills`` successive runs at random moments, then let the last one finish.
 
     Every other kill time is uniform over the training time the run has left (the
     uninterrupted run's, scaled by the share of epochs the newest checkpoint has not done);
-    the others come at a uniform moment of the first checkpoint write the run starts.
+    the others come at a uniform moment of the first checkpoint write the run starts
+    (``first_in_a_write`` starts with one of those).
     """
-    report = {"kills": 0, "kills_inside_a_write": 0, "corrupt": 0, "partial_metric_lines": 0}
+    report = {"kills": 0, "kills_inside_a_write": 0, "partial_metric_lines": 0}
     done = 0
     while report["kills"] < kills:
         process, started = launch(backend, out)
         left = reference.seconds * (EPOCHS - done) / EPOCHS
-        if report["kills"] % 2:
+        if (report["kills"] + first_in_a_write) % 2:
             write = 5 * WRITE_DELAY  # five files, a pause after each
             killed = kill_in_a_write(process, out / "checkpoints", float(rng.uniform(0, write)))
         else:
@@ -284,16 +286,21 @@ def _seed() -> int:
 def test_five_sigkills_in_a_row_then_resume_is_bit_identical(backend, tmp_path, references):
     seed = _seed()
     rng = np.random.default_rng(seed)
-    totals = {"trials": 0, "kills": 0, "kills_inside_a_write": 0, "corrupt": 0}
+    totals = {"trials": 0, "kills": 0, "kills_inside_a_write": 0}
     # A run that ends before its kill time ends its trial early (rarely): start another.
+    # Every trial's checkpoints verify and its finished run is bit-identical to the
+    # uninterrupted one, or run_trial fails; what is left to assert is that the kills
+    # happened, and that some of them landed inside a checkpoint write (every second kill
+    # is aimed there), which is the case the atomic writes exist for.
     while totals["kills"] < 5 and totals["trials"] < 5:
         out = tmp_path / f"trial{totals['trials']}"
         report = run_trial(backend, out, references[backend], 5 - totals["kills"], rng)
         totals["trials"] += 1
-        for key in ("kills", "kills_inside_a_write", "corrupt"):
+        for key in ("kills", "kills_inside_a_write"):
             totals[key] += report[key]
     write_report(f"kill-ci-{backend}", {"seed": seed, **totals})
-    assert totals["corrupt"] == 0 and totals["kills"] >= 5, f"seed {seed}: {totals}"
+    assert totals["kills"] >= 5, f"seed {seed}: {totals}"
+    assert totals["kills_inside_a_write"] >= 1, f"seed {seed}: no kill hit a write: {totals}"
 
 
 @pytest.mark.slow
@@ -302,17 +309,18 @@ def test_many_sigkill_trials_are_bit_identical(backend, tmp_path, references):
     trials = int(os.environ.get("UNITRAIN_KILL_TRIALS", "50"))
     seed = _seed()
     rng = np.random.default_rng(seed)
-    totals = {"trials": 0, "identical": 0, "kills": 0, "kills_inside_a_write": 0}
-    totals.update(corrupt=0, partial_metric_lines=0)
+    totals = {"trials": 0, "kills": 0, "kills_inside_a_write": 0, "partial_metric_lines": 0}
     started = time.perf_counter()
+    # run_trial fails on a checkpoint that does not verify or a finished run that is not
+    # bit-identical to the uninterrupted one; the counts say what the trials exercised.
     while totals["kills"] < trials and totals["trials"] < 2 * trials:
         out = tmp_path / f"trial{totals['trials']}"
-        report = run_trial(backend, out, references[backend], 1, rng)
+        aim = totals["trials"] % 2 == 1  # every second trial kills inside a checkpoint write
+        report = run_trial(backend, out, references[backend], 1, rng, first_in_a_write=aim)
         totals["trials"] += 1
-        totals["identical"] += 1  # run_trial asserts bit-identity of the finished run
-        for key in ("kills", "kills_inside_a_write", "corrupt", "partial_metric_lines"):
+        for key in ("kills", "kills_inside_a_write", "partial_metric_lines"):
             totals[key] += report[key]
     totals["seconds"] = round(time.perf_counter() - started, 1)
     write_report(f"kill-slow-{backend}", {"seed": seed, **totals})
-    assert totals["corrupt"] == 0 and totals["identical"] == totals["trials"]
-    assert totals["kills"] >= trials
+    assert totals["kills"] >= trials, f"seed {seed}: {totals}"
+    assert totals["kills_inside_a_write"] >= max(1, trials // 4), f"seed {seed}: {totals}"

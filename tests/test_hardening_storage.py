@@ -436,7 +436,7 @@ def test_two_cli_runs_on_one_directory(tmp_path):
     for checkpoint in list_checkpoints(tmp_path / "checkpoints"):
         verify_checkpoint(checkpoint)
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(row)["epoch"] for row in rows] == [0]
+    assert [json.loads(row)["epoch"] for row in rows] == [1]
 
 
 def test_sigkill_leaves_a_lock_that_the_next_run_takes_over(tmp_path):

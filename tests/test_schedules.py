@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -589,6 +590,14 @@ def test_from_json_rejects_invalid_json() -> None:
 def test_type_names_are_unique_and_registered() -> None:
     names = [cls.type_name for cls in SCHEDULE_CLASSES]
     assert len(set(names)) == len(names) == 12
+    assert sorted(names) == sorted(schedules_module._base._REGISTRY)
+
+
+def test_the_readme_counts_the_schedules_there_are() -> None:
+    words = {"Eleven": 11, "Twelve": 12, "Thirteen": 13, "Fourteen": 14}
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    stated = re.search(r"\*\*Schedules are data\.\*\* (\w+) schedules", readme)
+    assert stated is not None and words[stated.group(1)] == len(SCHEDULE_CLASSES)
 
 
 def test_nested_to_dict() -> None:
@@ -645,3 +654,10 @@ def test_import_pulls_in_no_framework() -> None:
         env={**os.environ, "PYTHONPATH": path},
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_bad_step_is_refused_naming_the_schedule() -> None:
+    with pytest.raises(ConfigError, match=r"^CosineDecay: step must be a non-negative int"):
+        CosineDecay(0.1, 10)(-1)
+    with pytest.raises(ConfigError, match=r"^Warmup: step must be a non-negative int"):
+        Warmup(Constant(0.1), 2)(1.5)

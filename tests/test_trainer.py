@@ -15,6 +15,7 @@ from unitrain import (
     NonFiniteError,
     Trainer,
     TrainerConfig,
+    callbacks,
     models,
     optim,
     schedules,
@@ -50,7 +51,7 @@ def test_default_recipe_reaches_95_percent_in_10_epochs(backend):
 def test_history_rows_and_validate_test(digits):
     trainer = Trainer(models.MLP((64, 16, 10)), backend="numpy", config=TrainerConfig(epochs=2))
     history = trainer.fit((digits.x_train, digits.y_train), (digits.x_val, digits.y_val))
-    assert [row["epoch"] for row in history] == [0, 1]
+    assert [row["epoch"] for row in history] == [1, 2]
     assert history[-1]["step"] == 2 * math.ceil(len(digits.x_train) / 32)
     assert set(history[0]) >= {"loss", "val_loss", "val_accuracy", "lr", "seconds", "step"}
     metrics = trainer.validate((digits.x_val, digits.y_val))
@@ -68,6 +69,39 @@ def test_evaluation_is_example_weighted():
         )
         means.append(trainer.validate((x, y))["val_loss"])
     assert means[0] == pytest.approx(means[1], rel=1e-6)
+
+
+def test_validation_and_test_metrics_are_means_over_examples_not_batches():
+    """Batches of 4, 4 and 2: the metrics are those of the 10 examples evaluated at once."""
+    x, y = small_data(n=10)
+    config = TrainerConfig(batch_size=4, dtype="float64", device="cpu")
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=config)
+    whole = {k: float(v) for k, v in trainer.backend.evaluate((x, y)).items()}
+    batches = [trainer.backend.evaluate((x[i : i + 4], y[i : i + 4])) for i in (0, 4, 8)]
+    # The oracle distinguishes: a mean of batch means is off by far more than rounding.
+    assert abs(np.mean([float(b["loss"]) for b in batches]) - whole["loss"]) > 1e-4
+    validated, tested = trainer.validate((x, y)), trainer.test((x, y))
+    for metrics, prefix in ((validated, "val_"), (tested, "test_")):
+        assert metrics[f"{prefix}loss"] == pytest.approx(whole["loss"], rel=1e-12)
+        assert metrics[f"{prefix}accuracy"] == pytest.approx(whole["accuracy"], rel=1e-12)
+
+
+@pytest.mark.parametrize("accum", [3, 2])
+def test_the_epoch_loss_weights_micro_batches_by_size(accum):
+    """At learning rate 0 every forward sees the initial weights, so the epoch's loss must be
+    the loss of all 20 examples at once: micro-batches of 8, 8 and 4 (one update, or two
+    with the short group alone) each count by their size."""
+    x, y = small_data(n=20)
+    config = TrainerConfig(
+        epochs=1, batch_size=8, grad_accum_steps=accum, dtype="float64", device="cpu"
+    )
+    trainer = Trainer(
+        models.MLP((4, 8, 3)), backend="numpy", schedule=schedules.Constant(0.0), config=config
+    )
+    expected = float(trainer.backend.evaluate((x, y))["loss"])
+    history = trainer.fit(ArrayLoader(x, y, 8, shuffle=False))
+    assert trainer.state.step == (1 if accum == 3 else 2)
+    assert history[0]["loss"] == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
@@ -380,3 +414,81 @@ def test_steps_per_call_without_backend_support_warns():
     with pytest.warns(UserWarning, match="cannot keep data on the device"):
         trainer.fit(small_data())
     assert trainer.state.step == 2
+
+
+class _NoBatches:
+    """A re-iterable that yields nothing."""
+
+    def __iter__(self):
+        return iter(())
+
+
+@pytest.mark.parametrize("method, label", [("validate", "val_data"), ("test", "test_data")])
+def test_evaluation_errors_name_the_data_they_are_about(method, label):
+    x, y = small_data(n=5)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(batch_size=4))
+    evaluate = getattr(trainer, method)
+    with pytest.raises(DataError, match=f"^{label} is empty"):
+        evaluate((x[:0], y[:0]))
+    with pytest.raises(DataError, match=f"^{label} has labels in \\[7, 7\\]"):
+        evaluate((x, np.full(5, 7)))
+    with pytest.raises(DataError, match=f"^{label} yielded no batches"):
+        evaluate(_NoBatches())
+
+
+class _MultiStepNumpy(NumpyBackend):
+    """The reference with the optional fast paths, each defined as the plain calls."""
+
+    def train_step(self, batch, lr):
+        loss = self.forward(batch)
+        self.backward()
+        self.step(lr)
+        return loss
+
+    def train_steps(self, batches, lrs):
+        pairs = zip(batches[0], batches[1], lrs)
+        return np.array([self.train_step((x, y), float(lr)) for x, y, lr in pairs])
+
+
+def test_steps_per_call_leftovers_train_one_fused_update_each():
+    """Five batches with steps_per_call=2: two stacked calls, then the fifth batch alone
+    through train_step, with its own LR and size. The run equals the plain one."""
+    x, y = small_data(n=36)  # batches of 8, 8, 8, 8 and 4
+    runs = []
+    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 2)):
+        monitor = callbacks.LRMonitor("step")
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            schedule=schedules.LinearDecay(0.1, 0.01, 5),
+            callbacks=[monitor],
+            config=TrainerConfig(epochs=1, batch_size=8, steps_per_call=steps, dtype="float64"),
+        )
+        history = trainer.fit(ArrayLoader(x, y, 8, shuffle=False))
+        runs.append((trainer.backend.state_dict(), history[0]["loss"], monitor.values))
+    (plain, plain_loss, plain_lrs), (multi, multi_loss, multi_lrs) = runs
+    # Batch hooks fire once per call, after its last update: updates 2, 4, then 5 alone.
+    assert len(plain_lrs) == 5 and multi_lrs == [plain_lrs[1], plain_lrs[3], plain_lrs[4]]
+    assert multi_loss == pytest.approx(plain_loss, rel=1e-12)
+    for key in plain:
+        np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
+
+
+def test_a_reduced_learning_rate_applies_to_accumulated_updates():
+    """ReduceLROnPlateau's factor multiplies the schedule in the accumulation path too (and
+    the LR reaches the batch logs): 'loss' in mode 'max' never improves after the first
+    epoch, so the third epoch runs at half the LR."""
+    x, y = small_data(n=32)
+    monitor = callbacks.LRMonitor("step")
+    trainer = Trainer(
+        models.MLP((4, 8, 3)),
+        backend="numpy",
+        schedule=schedules.Constant(0.1),
+        callbacks=[
+            callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, mode="max"),
+            monitor,
+        ],
+        config=TrainerConfig(epochs=3, batch_size=8, grad_accum_steps=2),
+    )
+    trainer.fit((x, y))
+    assert [lr for _, lr in monitor.values] == pytest.approx([0.1] * 4 + [0.05] * 2)

@@ -21,10 +21,12 @@ from unitrain._errors import (
 )
 
 if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and editors
-    from unitrain import callbacks, models, optim, schedules
+    from unitrain import callbacks, metrics, models, optim, schedules
     from unitrain.backend import Backend, BackendOptions, Capabilities, FusedStep
     from unitrain.config import TrainerConfig
     from unitrain.data import ArrayLoader
+    from unitrain.export import export_weights
+    from unitrain.recipe import Recipe, load_recipe
     from unitrain.registry import get_backend, list_backends
     from unitrain.trainer import Trainer, TrainState
 
@@ -33,6 +35,10 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it (a submodule is its own entry).
 _LAZY = {
     "callbacks": "unitrain.callbacks",
+    "metrics": "unitrain.metrics",
+    "Recipe": "unitrain.recipe",
+    "load_recipe": "unitrain.recipe",
+    "export_weights": "unitrain.export",
     "models": "unitrain.models",
     "optim": "unitrain.optim",
     "schedules": "unitrain.schedules",
@@ -64,6 +70,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArrayLoader",
+    "Recipe",
     "Backend",
     "BackendNotFoundError",
     "BackendOptions",
@@ -80,8 +87,11 @@ __all__ = [
     "UnitrainError",
     "__version__",
     "callbacks",
+    "export_weights",
     "get_backend",
     "list_backends",
+    "load_recipe",
+    "metrics",
     "models",
     "optim",
     "schedules",

@@ -17,7 +17,7 @@ from unitrain import rng
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint import _resume
 from unitrain.checkpoint._discovery import load_resolved
-from unitrain.models import MLP
+from unitrain.models import AbstractLayer
 from unitrain.schedules import from_dict
 from unitrain.state import pack_tensors, split_state, unpack_tensors
 
@@ -45,8 +45,8 @@ class TrainState:
 
 
 def model_description(model: Any) -> dict[str, Any]:
-    """How a checkpoint names its model: an MLP's spec, or a native model's class."""
-    if isinstance(model, MLP):
+    """How a checkpoint names its model: a portable model's spec, or a native model's class."""
+    if isinstance(model, AbstractLayer):
         return model.to_dict()
     return {"type": "native", "class": type(model).__qualname__}
 
@@ -55,11 +55,12 @@ def snapshot(trainer: Trainer) -> dict[str, Any]:
     """The state of the run now, as the keyword arguments of ``save_checkpoint``: ``trainer``
     (the trainer.json state), ``model``, ``optimizer`` and ``callbacks`` (arrays)."""
     model, optimizer = split_state(trainer.backend.state_dict())
+    loss_sum, count = trainer.running_totals()  # over all workers: resumable on any number
     callback_tensors: dict[str, Any] = {}
     callback_states = pack_tensors(trainer.callbacks.state_dict(), "callbacks", callback_tensors)
     info = {
         **dataclasses.asdict(trainer.state),
-        "running": {"loss_sum": trainer._running.total(), "count": trainer._running.count},
+        "running": {"loss_sum": loss_sum, "count": count},
         "lr_factor": trainer.lr_factor,
         "skipped_steps": trainer.skipped_steps,
         "schedule": trainer.schedule.to_dict(),
@@ -99,7 +100,10 @@ def restore(trainer: Trainer, resume: str | Path) -> tuple[Path, dict[str, Any]]
         trainer.backend.load_state_dict(state)
         if point.rng is not None:
             rng.set_rng_state(point.rng)
-            trainer.backend.set_rng_state(point.rng.get("backend", {}))
+            backend_rng = point.rng.get("backend", {})
+            if not isinstance(backend_rng, dict):  # a backend would look keys up in a string
+                raise TypeError(f"'rng.backend' must be an object, got {backend_rng!r:.40}")
+            trainer.backend.set_rng_state(backend_rng)
         schedule = None if point.schedule is None else from_dict(point.schedule)
         callbacks = dict(unpack_tensors(point.callbacks, checkpoint.callbacks))
     except Exception as error:  # hostile input: whatever it breaks is the file's fault

@@ -23,8 +23,10 @@ __all__ = [
     "Batch",
     "Capabilities",
     "DeviceData",
+    "DeviceOutputs",
     "FusedStep",
     "MultiStep",
+    "Predict",
     "Prefetch",
 ]
 
@@ -44,6 +46,14 @@ class Capabilities:
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
             checkpoints use canonical names and load in other backends.
+        portable_layers: whether it builds every layer of :mod:`unitrain.models` (conv nets,
+            BatchNorm state, Transformers), not only the MLP; the kit's ``layers`` and
+            ``model_state`` families need it. Off by default, so a backend written before
+            the layers existed is told what it lacks instead of failing.
+        data_parallel: whether it trains on several workers through its framework's engine:
+            it offers ``launched_strategy()`` (the :class:`unitrain.strategy.Strategy` of
+            the launcher that started the process, or None) and ``launch_command(workers)``
+            (the launcher that starts ``workers`` local processes of a Python program).
         precisions: the ``TrainerConfig.precision`` values it trains in on each device kind
             (``{"cpu": ("32", "bf16-mixed")}``); a device not listed trains in ``"32"`` only.
     """
@@ -53,6 +63,8 @@ class Capabilities:
     fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
+    portable_layers: bool = False
+    data_parallel: bool = False
     precisions: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: {"cpu": ("32",)}
     )
@@ -106,8 +118,8 @@ def _default_optimizer() -> Optimizer:
 class Backend(Protocol):
     """One framework's implementation of forward, backward, step and state.
 
-    A backend class is constructed as ``cls(model, options)`` where ``model`` is a
-    :class:`unitrain.models.MLP` or a model native to the framework, and ``options`` is a
+    A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
+    :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
     the devices usable on this machine (``unitrain backends`` shows it).
     """
@@ -189,6 +201,28 @@ class MultiStep(Protocol):
         ``batches`` are ``k`` equal-sized batches stacked on a new leading axis; ``lrs`` the
         ``k`` learning rates, a float array.
         """
+        ...
+
+
+@runtime_checkable
+class Predict(Protocol):
+    """Optional: the model's outputs (``Trainer.predict`` and metrics need it)."""
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """Outputs for a batch of ``inputs`` in eval mode, as a host numpy array."""
+        ...
+
+
+@runtime_checkable
+class DeviceOutputs(Protocol):
+    """Optional: outputs left on the device, so metrics run there (:mod:`unitrain.metrics`)."""
+
+    #: numpy-style functions on the framework's arrays: ``sum``, ``max``, ``exp``, ``log``,
+    #: ``reshape``, ``take_along_axis`` (numpy, ``jax.numpy``, ``tf.experimental.numpy``).
+    array_ops: Any
+
+    def outputs(self, batch: Batch) -> tuple[Any, Any]:
+        """Eval-mode outputs for ``batch`` and its targets, as arrays on the device."""
         ...
 
 

@@ -1,48 +1,32 @@
-"""``unitrain`` on the command line: train the default recipe, list backends, inspect files."""
+"""``unitrain`` on the command line: train and compare recipes, plot runs, inspect checkpoints.
+
+Output is made for terminals and log files alike: one line per epoch as it ends (a progress
+bar only on a terminal), warnings on one line, framework start-up noise hidden, no traceback
+for a closed pipe (``unitrain inspect DIR | head``), Ctrl-C or a bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from unitrain._errors import UnitrainError
+from unitrain._cli_run import quiet_framework_import
+from unitrain._errors import CheckpointError, UnitrainError
 
 __all__ = ["main"]
-
-
-def _train(args: argparse.Namespace) -> int:
-    from unitrain.recipes import default_trainer
-    from unitrain.registry import default_backend_name
-
-    backend = args.backend or default_backend_name()
-    trainer, train, val = default_trainer(
-        backend=backend, device=args.device, epochs=args.epochs, seed=args.seed, out=args.out
-    )
-    print(f"unitrain: training the digits MLP on {backend} ({trainer.backend.device})")
-    history = trainer.fit(train, val, resume=args.resume)
-    for row in history:
-        shown = ", ".join(
-            f"{k}={row[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in row
-        )
-        print(f"epoch {row['epoch'] + 1}: {shown}")
-    final = trainer.validate(val)
-    print(f"final val_accuracy={final['val_accuracy']:.4f} val_loss={final['val_loss']:.4f}")
-    if args.out:
-        print(
-            f"metrics: {Path(args.out) / 'metrics.jsonl'}; "
-            f"checkpoints: {Path(args.out) / 'checkpoints'}"
-        )
-    return 0
 
 
 def _backends(args: argparse.Namespace) -> int:
     from unitrain.registry import get_backend, list_backends
 
     def devices_of(name: str) -> str:
+        quiet_framework_import(name)
         cls: Any = get_backend(name)
         found = cls.available_devices() if hasattr(cls, "available_devices") else None
         return ", ".join(found or cls.capabilities.devices)
@@ -74,7 +58,10 @@ def _backends(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from unitrain.checkpoint import load_checkpoint
 
-    checkpoint = load_checkpoint(args.path)
+    path = Path(args.path)
+    if path.is_dir() and not (path / "manifest.json").exists():
+        return _inspect_folder(path)
+    checkpoint = load_checkpoint(path)
     info = checkpoint.trainer
     summary = {
         key: info.get(key)
@@ -100,48 +87,147 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_folder(folder: Path) -> int:
+    """List the checkpoints of a folder (or of a run's ``checkpoints``), verifying each."""
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+
+    if (folder / "checkpoints").is_dir() and not list_checkpoints(folder):
+        folder = folder / "checkpoints"
+    found = list_checkpoints(folder)
+    if not found:
+        raise CheckpointError(
+            f"{folder}: neither a checkpoint nor a folder of checkpoints; pass a checkpoint "
+            "directory (with manifest.json) or the folder holding them"
+        )
+    rows = [("checkpoint", "epoch", "step", "val_loss", "status")]
+    for path in found:
+        try:
+            info = load_checkpoint(path).trainer
+        except CheckpointError as error:
+            rows.append((path.name, "-", "-", "-", f"damaged: {error}"))
+            continue
+        history = info.get("history")
+        last = history[-1] if isinstance(history, list) and history else {}
+        val_loss = last.get("val_loss") if isinstance(last, dict) else None
+        shown = f"{val_loss:.4f}" if isinstance(val_loss, float) else "-"
+        rows.append((path.name, str(info["epoch"]), str(info["step"]), shown, "ok"))
+    print(f"{folder}: {len(found)} checkpoints, oldest first")
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from unitrain.plot import plot_runs
+
+    run = Path(args.run)
+    out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / "curves.png"
+    print(f"plot: {plot_runs({run.name: run}, out, title=str(run))}")
+    return 0
+
+
 def _conformance(args: argparse.Namespace) -> int:
     from unitrain.conformance.cli import main as conformance_main
+    from unitrain.registry import default_backend_name
+
+    if not args.list:
+        quiet_framework_import(args.backend or default_backend_name())
 
     return conformance_main(args)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unitrain", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train the default recipe (digits MLP)")
-    train.add_argument(
-        "--backend",
-        help="torch, jax, tensorflow, numpy or pkg.module:Class "
-        "(default: $UNITRAIN_BACKEND, else the first installed)",
+def _add_recipe_arguments(command: argparse.ArgumentParser, *, one_backend: bool) -> None:
+    command.add_argument(
+        "recipe",
+        nargs="?" if one_backend else None,
+        default="digits",
+        help="a .py file with recipe(), a .toml recipe, or a built-in name (default: digits)",
     )
-    train.add_argument("--device", default="auto", choices=("cpu", "gpu", "auto"))
-    train.add_argument("--epochs", type=int, default=10)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--out", default="runs/digits", help="output directory")
-    train.add_argument("--resume", help="'latest' or a checkpoint path")
-    train.set_defaults(run=_train)
+    if one_backend:
+        command.add_argument(
+            "--backend",
+            help="torch, jax, tensorflow, numpy or pkg.module:Class "
+            "(default: $UNITRAIN_BACKEND, else the first installed)",
+        )
+    command.add_argument("--device", choices=("cpu", "gpu", "auto"))
+    command.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change the recipe, e.g. config.epochs=3 or optimizer.momentum=0.8 (repeatable)",
+    )
+    command.add_argument("--epochs", type=int, help="the same as --set config.epochs=N")
+    command.add_argument("--seed", type=int, help="the same as --set config.seed=N")
+    command.add_argument("--out", help="output folder (default: runs/<recipe name>)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from unitrain._cli_run import compare, train
+
+    parser = argparse.ArgumentParser(prog="unitrain", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    training = commands.add_parser("train", help="train a recipe (default: the digits MLP)")
+    _add_recipe_arguments(training, one_backend=True)
+    training.add_argument("--resume", help="'latest' or a checkpoint path")
+    training.add_argument("--quiet", action="store_true", help="no progress bar")
+    training.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="data-parallel workers on this machine, started by the engine's own launcher",
+    )
+    training.set_defaults(handler=train)
+    comparing = commands.add_parser(
+        "compare", help="train a recipe on several backends and show the differences"
+    )
+    _add_recipe_arguments(comparing, one_backend=False)
+    comparing.add_argument(
+        "--backends", default="numpy,torch,jax,tensorflow", help="comma-separated names"
+    )
+    comparing.set_defaults(handler=compare)
+    plot = commands.add_parser("plot", help="draw a run's loss, metrics and LR into a PNG")
+    plot.add_argument("run", help="a folder written by 'unitrain train' (or its metrics.jsonl)")
+    plot.add_argument("--out", help="the PNG to write (default: RUN/curves.png)")
+    plot.set_defaults(handler=_plot)
     backends = commands.add_parser("backends", help="list backends, versions and devices")
-    backends.set_defaults(run=_backends)
-    inspect = commands.add_parser("inspect", help="print a checkpoint's contents")
+    backends.set_defaults(handler=_backends)
+    inspect = commands.add_parser("inspect", help="print a checkpoint, or list a folder's")
     inspect.add_argument("path")
-    inspect.set_defaults(run=_inspect)
+    inspect.set_defaults(handler=_inspect)
     conformance = commands.add_parser("conformance", help="certify a backend with the kit")
     from unitrain.conformance.cli import add_arguments  # argparse only; imports no framework
 
     add_arguments(conformance)
-    conformance.set_defaults(run=_conformance)
+    conformance.set_defaults(handler=_conformance)
     return parser
+
+
+def _one_line_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"unitrain: warning: {message}\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unitrain`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
+    previous = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # no source line echoed under the message
     try:
-        return int(args.run(args))
+        return int(args.handler(args))
     except UnitrainError as error:
         print(f"unitrain: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside training (building, evaluating): nothing to resume
+        print("unitrain: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader left (| head): stop quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit cannot fail again
+        return 141
+    finally:
+        warnings.formatwarning = previous
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ Batch = tuple[Any, Any]
 
 
 @runtime_checkable
-class BatchSource(Protocol):
+class BatchSource(Protocol):  # pragma: no mutate block (isinstance reads its attributes)
     """What the Trainer iterates: the batches of one epoch, from any batch within it."""
 
     #: Whether ``batches(epoch, start)`` reproduces exactly the batches of an uninterrupted run.

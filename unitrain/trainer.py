@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import rng
+from unitrain import _inference, rng
 from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from unitrain._lock import locked
 from unitrain._run_state import TrainState, restore, snapshot
@@ -27,8 +27,10 @@ from unitrain.backend import (
     Backend,
     BackendOptions,
     DeviceData,
+    DeviceOutputs,
     FusedStep,
     MultiStep,
+    Predict,
     Prefetch,
 )
 from unitrain.callbacks._base import CallbackList
@@ -37,10 +39,18 @@ from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpo
 from unitrain.checkpoint._write import remove_leftovers
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
+from unitrain.metrics import MetricTotals, resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
 from unitrain.schedules import AbstractSchedule, Constant
+from unitrain.strategy import (
+    Strategy,
+    check_splittable,
+    evaluate_over_workers,
+    strategy_for,
+    training_shards,
+)
 
 __all__ = ["TrainState", "Trainer"]
 
@@ -51,7 +61,7 @@ class Trainer:
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
-        model: a :class:`unitrain.models.MLP` (portable: same weights and checkpoint layout on
+        model: a :mod:`unitrain.models` model (portable: same weights and checkpoint layout on
             every backend) or a model native to the backend.
         backend: a name (``"torch"``), ``"package.module:Class"``, a backend class, or an
             already built backend instance; None picks ``UNITRAIN_BACKEND`` or the first
@@ -61,6 +71,14 @@ class Trainer:
         loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
         callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
         config: a :class:`TrainerConfig`.
+        strategy: how the run is spread over workers (:mod:`unitrain.strategy`): None runs
+            on the workers of the launcher that started this process (``torchrun``, ...) or
+            on this process alone; an int N computes N workers' shares here, as N workers
+            would. With several workers every process calls ``fit`` alike; only rank 0
+            writes checkpoints, logs and the lock.
+        metrics: computed on every validation and test pass besides the loss (see
+            :mod:`unitrain.metrics`): ``Metric`` objects or built-in names such as
+            ``"top5_accuracy"``; they need a backend with ``predict``.
 
     Examples:
         >>> import numpy as np
@@ -83,6 +101,8 @@ class Trainer:
         loss: Any = "cross_entropy",
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
+        strategy: Strategy | int | None = None,
+        metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
         self.model = model
@@ -110,7 +130,17 @@ class Trainer:
                 loss_scaler=config.loss_scaler,
             )
             self.backend = get_backend(backend)(model, options)
+        self.strategy = strategy_for(self.backend, strategy)
+        self._parallel = self.strategy.world_size > 1
+        if not self.strategy.is_main:  # progress bars and log files are rank 0's
+            callbacks = [c for c in callbacks if not getattr(c, "main_process_only", False)]
         self.callbacks = CallbackList(callbacks)
+        self.metrics = resolve_metrics(metrics)
+        if self.metrics and not isinstance(self.backend, Predict):
+            raise ConfigError(
+                f"metrics need the backend's outputs, and the {self.backend.name} backend has no "
+                "predict(inputs); drop metrics= or use a backend that offers it"
+            )
         self.state = TrainState()
         #: Whether the current fit has validation data (callbacks check their monitors by it).
         self.has_validation = False
@@ -121,10 +151,17 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         #: Multiplies the schedule's value; ReduceLROnPlateau lowers it.
         self.lr_factor = 1.0
-        self._fused = isinstance(self.backend, FusedStep) and config.grad_accum_steps == 1
+        #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
+        self.stop_reason: str | None = None
+        # Workers weight their slice's loss before the engine reduces gradients, which needs
+        # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
+        fused_ok = config.grad_accum_steps == 1 and not self._parallel
+        self._fused = isinstance(self.backend, FusedStep) and fused_ok
         self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
         self._skipped_reported = 0
-        self._multi_step = isinstance(self.backend, MultiStep) and config.steps_per_call > 1
+        self._multi_step = (
+            isinstance(self.backend, MultiStep) and config.steps_per_call > 1 and not self._parallel
+        )
         if config.steps_per_call > 1 and not self._multi_step:
             warnings.warn(
                 f"steps_per_call={config.steps_per_call}, but the {self.backend.name} backend "
@@ -149,6 +186,21 @@ class Trainer:
         """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
         return self._skipped_before + self.backend.skipped_steps
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch the last update belongs to, counting from 1 (0 before any update).
+
+        The one number users see: console lines, ``logs["epoch"]`` in metric files and
+        checkpoint names all use it, so a step has one name whether it is saved by step or at
+        the end of its epoch. (Hooks receive the 0-based epoch *index*, as Keras's do.)
+        """
+        return self.state.epoch + (1 if self.state.batch else 0)
+
+    def stop(self, reason: str) -> None:
+        """End training after the current update; ``reason`` says why, for the user."""
+        self.state.stop_training = True
+        self.stop_reason = reason
+
     def fit(
         self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
     ) -> list[dict[str, Any]]:
@@ -172,14 +224,18 @@ class Trainer:
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
+        self.stop_reason = None
         check_run_length(self.config, self.schedule, len(source))
+        check_splittable(source, self.strategy.world_size)
         # Held until fit returns or raises: a second run on these directories is refused
-        # instead of pruning and resuming this run's checkpoints.
+        # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
         mine = [c.dirpath for c in self.callbacks.callbacks if isinstance(c, ModelCheckpoint)]
         directories = [Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]
+        directories = directories if self.strategy.is_main else []
         with locked(directories):
             for directory in directories:  # safe now: no other run writes there
                 remove_leftovers(directory)
+            self.strategy.barrier()  # the others read checkpoints once rank 0 cleaned up
             try:
                 self._fit(source, val_source, resume)
             except BaseException as error:
@@ -189,6 +245,7 @@ class Trainer:
                     error.add_note(f"also, a checkpoint save in the background failed: {failed}")
                 raise
             self._writer.wait()
+            self.strategy.barrier()  # no worker returns before the last checkpoint is durable
         return self.history
 
     def _fit(self, source: BatchSource, val_source: BatchSource | None, resume: Any) -> None:
@@ -202,6 +259,8 @@ class Trainer:
             )
         elif resume is not None:
             resumed = restore(self, resume)
+            if not self.strategy.is_main:  # the saved loss total is the sum over workers
+                self._running.reset()
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed
@@ -230,6 +289,28 @@ class Trainer:
         source = self._source(data, "test_data", shuffle=False)
         return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
 
+    def predict(self, data: Any) -> np.ndarray:
+        """The model's outputs (eval mode) for ``data``, as one numpy array.
+
+        Args:
+            data: an inputs array (run in batches of ``config.batch_size``), ``(inputs,
+                targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
+                batches (targets are ignored).
+        """
+        return _inference.predict(self.backend, data, self.config.batch_size)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
+
+        For inference or fine-tuning: the optimizer state, the step and the callbacks stay as
+        they are (``fit(resume=...)`` restores those too). The checkpoint may come from any
+        backend that builds the same portable model.
+
+        Raises:
+            CheckpointError: the checkpoint is damaged or holds other tensors than the model.
+        """
+        _inference.load_weights(self.backend, path)
+
     def save_checkpoint(
         self,
         path: str | Path,
@@ -247,14 +328,23 @@ class Trainer:
                 before returning. Otherwise it is durable when this returns.
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
+
+        Under several workers every worker calls this (the running loss is summed over them);
+        rank 0 writes, and the others wait until it has.
         """
+        if not self.strategy.is_main:
+            self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
+            self.strategy.barrier()
+            return Path(path)
         state = snapshot(self)
         if background:
-            return self._writer.save(path, then=then, **state)
-        self._writer.wait()
-        saved = save_checkpoint(path, **state)
-        if then is not None:
-            then()
+            saved = self._writer.save(path, then=then, **state)
+        else:
+            self._writer.wait()
+            saved = save_checkpoint(path, **state)
+            if then is not None:
+                then()
+        self.strategy.barrier()
         return saved
 
     # -- the loop -----------------------------------------------------------------------------
@@ -265,6 +355,7 @@ class Trainer:
             self._reset_running()
         self.callbacks.call("on_epoch_begin", self, epoch)
         one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
+        one_batch_updates = one_batch_updates and not self._parallel
         if one_batch_updates and self._device_source is not source:
             batches = source.batches(epoch, self.state.batch)
             if isinstance(self.backend, Prefetch):
@@ -278,7 +369,7 @@ class Trainer:
                     self._train_steps(kind, payload, steps, batch_size)
                 if self.state.stop_training:
                     break
-        logs = {"epoch": epoch, "step": self.state.step, "lr": self._last_lr}
+        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
         last = epoch + 1 == self.config.epochs or self.state.stop_training
         if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
@@ -365,8 +456,9 @@ class Trainer:
             sizes = [len(batch[0]) for batch in group]
             total = sum(sizes)
             for batch, n in zip(group, sizes):
-                self._running.add(backend.forward(batch), n)
-                backend.backward(n / total)
+                for shard, weight in training_shards(self.strategy, batch):
+                    self._running.add(backend.forward(shard), len(shard[0]))
+                    backend.backward(weight * n / total)
             backend.step(lr)
         self._after_update(1, len(group), lr)
 
@@ -399,8 +491,13 @@ class Trainer:
         if skipped > self._skipped_reported:
             self._on_nonfinite(skipped - self._skipped_reported)
             self._skipped_reported = skipped
-        loss = self._running.mean()
-        return {"loss": loss, "skipped_steps": skipped}
+        total, count = self.running_totals()
+        return {"loss": total / count if count else float("nan"), "skipped_steps": skipped}
+
+    def running_totals(self) -> tuple[float, int]:
+        """The epoch's summed training loss and example count so far, over all workers."""
+        total, count = self.strategy.all_sum([self._running.total(), self._running.count])
+        return total, round(count)
 
     def _on_nonfinite(self, new: int) -> None:
         where = f"{new} update(s) up to step {self.state.step}"
@@ -413,13 +510,19 @@ class Trainer:
             )
         if policy == "stop":
             warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
-            self.state.stop_training = True
+            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
 
     def _place_on_device(self, source: BatchSource) -> None:
         """Copy the training arrays to the device once, when configured and possible."""
         if not self.config.data_on_device or self._device_source is source:
             return
-        if not isinstance(self.backend, DeviceData):
+        if self._parallel:
+            warnings.warn(
+                "data_on_device=True is a single-worker path; with several workers each one "
+                "takes its slice of every batch from the host",
+                stacklevel=3,
+            )
+        elif not isinstance(self.backend, DeviceData):
             warnings.warn(
                 f"data_on_device=True, but the {self.backend.name} backend cannot keep data on "
                 "the device; batches are sent from the host",
@@ -436,16 +539,25 @@ class Trainer:
         return metrics
 
     def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
+        if self._parallel and not self.metrics:  # each worker its slices, summed over them
+            return evaluate_over_workers(self.backend, self.strategy, source.batches(0), label)
+        # One worker, or metrics beyond the loss: every worker evaluates every example.
         sums: dict[str, Any] = {}
         count = 0
+        totals = MetricTotals(self.metrics)
         for batch in source.batches(0):
             n = len(batch[0])
             for key, value in self.backend.evaluate(batch).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n
+            if self.metrics and isinstance(self.backend, DeviceOutputs):
+                outputs, targets = self.backend.outputs(batch)  # stay on the device
+                totals.add(outputs, targets, batch[1], self.backend.array_ops)
+            elif self.metrics:
+                totals.add(self.backend.predict(batch[0]), batch[1], batch[1])
         if count == 0:
             raise DataError(f"{label} yielded no batches; pass at least one example")
-        return {key: float(value) / count for key, value in sums.items()}
+        return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}
 
     # -- data and resume ----------------------------------------------------------------------
 

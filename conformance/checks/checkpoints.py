@@ -4,7 +4,9 @@ The state dict of a portable model must have exactly the canonical keys, shapes 
 (parameters ``model.layers.{i}.weight|bias``, optimizer slots ``optimizer.<param>.<slot>`` and
 ``optimizer.step``); saving, loading into a fresh backend and saving again must give the same
 bytes; and checkpoints must move between the backend and the numpy reference, which then
-continue training within the ``training`` tolerance of each other.
+continue training within the ``training`` tolerance of each other. Loading is strict: a missing
+key, an extra key or an array of another shape (even one that would broadcast) is refused
+and leaves the state as it was.
 """
 
 from __future__ import annotations
@@ -76,10 +78,15 @@ for _name, _optimizer in OPTIMIZERS.items():
         f"canonical_keys_{_name}",
         _run,
         description=f"state dict keys, shapes and dtypes are canonical ({_name})",
+        guards="optimizer slots missing, renamed or saved in another dtype or layout",
     )
 
 
-@check("checkpoints", "state_dict_roundtrip")
+@check(
+    "checkpoints",
+    "state_dict_roundtrip",
+    guards="state lost or changed by state_dict -> load_state_dict",
+)
 def state_dict_roundtrip(ctx: Context) -> None:
     """state_dict -> load_state_dict in a fresh backend -> state_dict is bit-identical."""
     for optimizer in (optim.SGD(momentum=0.9, nesterov=True), optim.Adam()):
@@ -89,7 +96,11 @@ def state_dict_roundtrip(ctx: Context) -> None:
         ctx.require_identical(f"round trip ({type(optimizer).__name__})", fresh.state_dict(), first)
 
 
-@check("checkpoints", "save_load_save_identical")
+@check(
+    "checkpoints",
+    "save_load_save_identical",
+    guards="tensors changed by a save -> load -> save cycle",
+)
 def save_load_save_identical(ctx: Context) -> None:
     """A checkpoint saved, loaded into a fresh backend and saved again has identical tensors."""
     optimizer = optim.Adam()
@@ -113,7 +124,11 @@ def save_load_save_identical(ctx: Context) -> None:
     )
 
 
-@check("checkpoints", "fresh_backend_evaluates_identically")
+@check(
+    "checkpoints",
+    "fresh_backend_evaluates_identically",
+    guards="state that load_state_dict does not fully restore (evaluation differs)",
+)
 def fresh_backend_evaluates_identically(ctx: Context) -> None:
     """A fresh backend loaded from a state dict evaluates bit-identically to the original."""
     optimizer = optim.SGD(momentum=0.9)
@@ -126,7 +141,11 @@ def fresh_backend_evaluates_identically(ctx: Context) -> None:
     ctx.require_equal("evaluate after loading", theirs, mine)
 
 
-@check("checkpoints", "fresh_backend_continues_identically")
+@check(
+    "checkpoints",
+    "fresh_backend_continues_identically",
+    guards="optimizer state or counters not restored (training continues differently)",
+)
 def fresh_backend_continues_identically(ctx: Context) -> None:
     """A fresh backend loaded from a state dict trains on exactly like the original."""
     optimizer = optim.Adam()
@@ -207,25 +226,41 @@ def _cross_load(ctx: Context, optimizer: optim.Optimizer, *, from_reference: boo
     )
 
 
-@check("checkpoints", "load_reference_checkpoint_sgd_momentum")
+@check(
+    "checkpoints",
+    "load_reference_checkpoint_sgd_momentum",
+    guards="checkpoints that do not move from the reference (momentum layout, names)",
+)
 def load_reference_checkpoint_sgd_momentum(ctx: Context) -> None:
     """A checkpoint written by the numpy reference loads and continues within tolerance."""
     _cross_load(ctx, optim.SGD(momentum=0.9), from_reference=True)
 
 
-@check("checkpoints", "load_reference_checkpoint_adam")
+@check(
+    "checkpoints",
+    "load_reference_checkpoint_adam",
+    guards="Adam moments or the step count misread from another backend's checkpoint",
+)
 def load_reference_checkpoint_adam(ctx: Context) -> None:
     """A reference Adam checkpoint (moments and step) loads and continues within tolerance."""
     _cross_load(ctx, optim.Adam(), from_reference=True)
 
 
-@check("checkpoints", "reference_loads_checkpoint")
+@check(
+    "checkpoints",
+    "reference_loads_checkpoint",
+    guards="a checkpoint layout the reference cannot continue from",
+)
 def reference_loads_checkpoint(ctx: Context) -> None:
     """The backend's checkpoint loads in the numpy reference, which continues alike."""
     _cross_load(ctx, optim.AdamW(), from_reference=False)
 
 
-@check("checkpoints", "rejects_missing_key")
+@check(
+    "checkpoints",
+    "rejects_missing_key",
+    guards="a partial load that keeps old values for missing keys",
+)
 def rejects_missing_key(ctx: Context) -> None:
     """load_state_dict refuses a state with a key missing (no silent partial load)."""
     backend = trained(ctx, optim.SGD(momentum=0.9))
@@ -239,7 +274,11 @@ def rejects_missing_key(ctx: Context) -> None:
         ctx.require(False, f"load_state_dict accepted a state without {key!r}")
 
 
-@check("checkpoints", "rejects_wrong_shape")
+@check(
+    "checkpoints",
+    "rejects_wrong_shape",
+    guards="arrays of another shape accepted",
+)
 def rejects_wrong_shape(ctx: Context) -> None:
     """load_state_dict refuses a state whose tensor has the wrong shape."""
     backend = trained(ctx, optim.SGD())
@@ -252,7 +291,74 @@ def rejects_wrong_shape(ctx: Context) -> None:
     ctx.require(False, "load_state_dict accepted a (7, 16) tensor for a (6, 16) weight")
 
 
-@check("checkpoints", "state_dict_is_a_copy")
+def _refused(ctx: Context, backend: Any, state: dict[str, np.ndarray], what: str) -> None:
+    """``load_state_dict(state)`` must raise and leave the backend's state as it was."""
+    before = copy_state(backend.state_dict())
+    try:
+        backend.load_state_dict(state)
+    except Exception:
+        ctx.require_identical(f"state after refusing {what}", backend.state_dict(), before)
+        return
+    ctx.require(False, f"load_state_dict accepted {what}; it must refuse it, changing nothing")
+
+
+@check(
+    "checkpoints",
+    "rejects_broadcastable_shape",
+    guards="a (1, n) row, a scalar or a transposed array broadcast or reshaped into place",
+)
+def rejects_broadcastable_shape(ctx: Context) -> None:
+    """load_state_dict refuses arrays that would broadcast or reshape into place.
+
+    A ``(1, n)`` row for a ``(k, n)`` weight, a scalar for a bias or a momentum buffer, and a
+    transposed weight (same size): each is refused, and the state is left unchanged.
+    """
+    backend = trained(ctx, optim.SGD(momentum=0.9))
+    state = backend.state_dict()
+    weight, bias = state["model.layers.0.weight"], state["model.layers.1.bias"]
+    momentum = state["optimizer.layers.0.bias.momentum"]
+    cases = {
+        "model.layers.0.weight": (
+            weight[:1],
+            f"a {weight[:1].shape} row for a {weight.shape} weight",
+        ),
+        "model.layers.1.bias": (bias[0], f"a scalar for a {bias.shape} bias"),
+        "optimizer.layers.0.bias.momentum": (
+            momentum[0],
+            f"a scalar for a {momentum.shape} momentum buffer",
+        ),
+        "model.layers.1.weight": (
+            np.ascontiguousarray(state["model.layers.1.weight"].T),
+            "a transposed (3, 16) array for a (16, 3) weight",
+        ),
+    }
+    for key, (value, what) in cases.items():
+        _refused(ctx, backend, {**copy_state(state), key: np.asarray(value)}, what)
+
+
+@check(
+    "checkpoints",
+    "rejects_extra_key",
+    guards="keys of another model or optimizer silently ignored",
+)
+def rejects_extra_key(ctx: Context) -> None:
+    """load_state_dict refuses a state with keys the model and optimizer do not have."""
+    backend = trained(ctx, optim.SGD(momentum=0.9))
+    state = backend.state_dict()
+    extras = {
+        "model.layers.2.weight": np.zeros((3, 3), ctx.state_dtype),
+        "optimizer.layers.0.weight.exp_avg": np.zeros_like(state["model.layers.0.weight"]),
+        "model.running_mean": np.zeros(16, ctx.state_dtype),
+    }
+    for key, value in extras.items():
+        _refused(ctx, backend, {**copy_state(state), key: value}, f"the extra key {key!r}")
+
+
+@check(
+    "checkpoints",
+    "state_dict_is_a_copy",
+    guards="state_dict or load_state_dict aliasing the caller's arrays",
+)
 def state_dict_is_a_copy(ctx: Context) -> None:
     """Arrays returned by state_dict, or passed to load_state_dict, are not aliased."""
     backend = trained(ctx, optim.SGD(momentum=0.9))
@@ -274,7 +380,11 @@ def state_dict_is_a_copy(ctx: Context) -> None:
     )
 
 
-@check("checkpoints", "metadata")
+@check(
+    "checkpoints",
+    "metadata",
+    guards="trainer.json without the backend's name, device or versions",
+)
 def metadata(ctx: Context) -> None:
     """trainer.json records the backend's name, device and versions; files verify."""
     backend = ctx.make(classifier(), optimizer=optim.SGD())

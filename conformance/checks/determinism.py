@@ -27,7 +27,11 @@ def _train(ctx: Context, backend: Any, updates: int = 5) -> Any:
     return backend
 
 
-@check("determinism", "same_seed_identical")
+@check(
+    "determinism",
+    "same_seed_identical",
+    guards="unseeded randomness (two same-seed runs differ)",
+)
 def same_seed_identical(ctx: Context) -> None:
     """Two backends built with the same seed train bit-identically (with dropout)."""
     model = classifier(dropout=0.25)
@@ -36,7 +40,11 @@ def same_seed_identical(ctx: Context) -> None:
     ctx.require_identical("state of two same-seed runs", second.state_dict(), first.state_dict())
 
 
-@check("determinism", "initial_weights")
+@check(
+    "determinism",
+    "initial_weights",
+    guards="initial weights not taken from MLP.init_params(seed)",
+)
 def initial_weights(ctx: Context) -> None:
     """A fresh backend holds MLP.init_params(seed) in its dtype, like every backend."""
     model = classifier()
@@ -49,7 +57,11 @@ def initial_weights(ctx: Context) -> None:
     ctx.require_identical("initial weights", model_state(backend.state_dict()), expected)
 
 
-@check("determinism", "seed_sets_dropout")
+@check(
+    "determinism",
+    "seed_sets_dropout",
+    guards="dropout masks that ignore the seed",
+)
 def seed_sets_dropout(ctx: Context) -> None:
     """From equal weights, another seed draws other dropout masks (the seed is used)."""
     model = classifier(dropout=0.5)
@@ -74,7 +86,11 @@ def _nan_batch(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-@check("determinism", "nonfinite_skips_update")
+@check(
+    "determinism",
+    "nonfinite_skips_update",
+    guards="an update applied, or buffers kept, after a NaN gradient",
+)
 def nonfinite_skips_update(ctx: Context) -> None:
     """A NaN gradient leaves state untouched, clears the buffers and counts a skip."""
     backend = _train(ctx, ctx.make(classifier(), optimizer=optim.SGD(momentum=0.9)), 2)
@@ -128,19 +144,31 @@ def _policy(ctx: Context, policy: str) -> None:
         ctx.compare("final state", outcomes[0][1], outcomes[1][1], "training")
 
 
-@check("determinism", "nonfinite_raise")
+@check(
+    "determinism",
+    "nonfinite_raise",
+    guards="nonfinite='raise' not raising at the reference's step",
+)
 def nonfinite_raise(ctx: Context) -> None:
     """nonfinite='raise' raises NonFiniteError, as on the reference."""
     _policy(ctx, "raise")
 
 
-@check("determinism", "nonfinite_stop")
+@check(
+    "determinism",
+    "nonfinite_stop",
+    guards="nonfinite='stop' ending at another step or with other weights",
+)
 def nonfinite_stop(ctx: Context) -> None:
     """nonfinite='stop' ends training at the reference's step with its weights."""
     _policy(ctx, "stop")
 
 
-@check("determinism", "nonfinite_skip_batch")
+@check(
+    "determinism",
+    "nonfinite_skip_batch",
+    guards="nonfinite='skip_batch' training on differently after the skip",
+)
 def nonfinite_skip_batch(ctx: Context) -> None:
     """nonfinite='skip_batch' skips the NaN update and trains on like the reference."""
     _policy(ctx, "skip_batch")

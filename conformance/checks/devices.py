@@ -18,14 +18,22 @@ _DEVICES = ("cpu", "gpu")
 _DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-@check("devices", "reports_device")
+@check(
+    "devices",
+    "reports_device",
+    guards="backend.device not the canonical name of the device asked for",
+)
 def reports_device(ctx: Context) -> None:
     """backend.device is the device asked for."""
     backend = ctx.make(classifier(), optimizer=optim.SGD())
     ctx.require_equal("backend.device", backend.device, ctx.device)
 
 
-@check("devices", "versions")
+@check(
+    "devices",
+    "versions",
+    guards="versions() empty or not a name -> version map",
+)
 def versions(ctx: Context) -> None:
     """versions() is a non-empty JSON map of package name to version string."""
     found = ctx.make(classifier(), optimizer=optim.SGD()).versions()
@@ -37,7 +45,11 @@ def versions(ctx: Context) -> None:
     json.dumps(found)
 
 
-@check("devices", "protocol")
+@check(
+    "devices",
+    "protocol",
+    guards="a missing protocol method, or fused_step declared without train_step",
+)
 def protocol(ctx: Context) -> None:
     """The instance satisfies the Backend protocol; fused_step matches train_step."""
     backend = ctx.make(classifier(), optimizer=optim.SGD())
@@ -52,7 +64,11 @@ def protocol(ctx: Context) -> None:
     ctx.require_equal("skipped_steps of a fresh backend", int(backend.skipped_steps), 0)
 
 
-@check("devices", "capabilities")
+@check(
+    "devices",
+    "capabilities",
+    guards="unknown devices or dtypes declared",
+)
 def capabilities(ctx: Context) -> None:
     """Declared devices and dtypes are known names; available devices are declared ones."""
     caps = ctx.backend.capabilities
@@ -66,7 +82,11 @@ def capabilities(ctx: Context) -> None:
         )
 
 
-@check("devices", "cross_device_state")
+@check(
+    "devices",
+    "cross_device_state",
+    guards="state that changes when moved between devices",
+)
 def cross_device_state(ctx: Context) -> None:
     """State moved between this device and another evaluates within ``evaluate``."""
     available = ctx.backend.available_devices or ctx.backend.capabilities.devices

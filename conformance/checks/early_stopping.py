@@ -5,9 +5,11 @@ learning rate 0 evaluates a validation batch ``(0, d)`` to exactly ``d**2``. Wit
 multiple of 1/4 up to 3, every value is exact in every float format, so the sequence the
 callback sees is the script, bit for bit, on every backend, and the stop epoch and best
 epoch must equal the reference's exactly. hypothesis draws sequences, patience, min_delta
-(including values that make improvements land exactly on the threshold), baselines and
-warm-up epochs. A backend that ships its own ``EarlyStopping`` (declared in
-``conformance_callbacks``) is checked instead of the core's.
+(including values that make improvements land exactly on the threshold), baselines (also
+with ``min_delta``, which Keras applies to the baseline too) and warm-up epochs. Restoring
+the best weights is checked when training stops early and when it runs to its last epoch.
+A backend that ships its own ``EarlyStopping`` (declared in ``conformance_callbacks``) is
+checked instead of the core's.
 """
 
 from __future__ import annotations
@@ -107,7 +109,11 @@ def _deltas() -> Any:
     return st.sampled_from([0.0, 1 / 16, 3 / 16, 5 / 16, 7 / 16, 1.0, 2.0])
 
 
-@check("early_stopping", "scripted_min_mode")
+@check(
+    "early_stopping",
+    "scripted_min_mode",
+    guards="another improvement test or stop rule in min mode",
+)
 def scripted_min_mode(ctx: Context) -> None:
     """mode='min': same stop and best epochs as the reference for scripted sequences."""
     explicit = [
@@ -117,14 +123,22 @@ def scripted_min_mode(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=_strategy(mode="min"), explicit=explicit)
 
 
-@check("early_stopping", "scripted_max_mode")
+@check(
+    "early_stopping",
+    "scripted_max_mode",
+    guards="another improvement test or stop rule in max mode",
+)
 def scripted_max_mode(ctx: Context) -> None:
     """mode='max': same stop and best epochs as the reference."""
     explicit = [{"script": [2, 5, 5, 4, 6, 1, 1], "patience": 1, "mode": "max"}]
     explore(ctx, lambda e: _decisions(ctx, e), strategy=_strategy(mode="max"), explicit=explicit)
 
 
-@check("early_stopping", "scripted_min_delta")
+@check(
+    "early_stopping",
+    "scripted_min_delta",
+    guards="min_delta's sign flipped, or an improvement of exactly min_delta counted",
+)
 def scripted_min_delta(ctx: Context) -> None:
     """min_delta: an improvement of exactly min_delta does not count; plateaus stop."""
     explicit = [
@@ -136,7 +150,11 @@ def scripted_min_delta(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
 
 
-@check("early_stopping", "scripted_baseline")
+@check(
+    "early_stopping",
+    "scripted_baseline",
+    guards="waiting reset by values that do not beat the baseline",
+)
 def scripted_baseline(ctx: Context) -> None:
     """baseline: waiting resets only on values that beat the baseline."""
     from_baseline = lambda: _floats_from(range(0, 13))  # noqa: E731
@@ -145,7 +163,29 @@ def scripted_baseline(ctx: Context) -> None:
     explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
 
 
-@check("early_stopping", "scripted_start_from_epoch")
+@check(
+    "early_stopping",
+    "scripted_baseline_min_delta",
+    guards="the baseline compared without min_delta (Keras applies it)",
+)
+def scripted_baseline_min_delta(ctx: Context) -> None:
+    """baseline with min_delta: a value must beat the baseline by more than min_delta."""
+    explicit = [
+        # 9/16 beats the baseline 10/16 but not by min_delta 2/16: waiting goes on.
+        {"script": [4, 3, 3, 3, 3], "patience": 2, "baseline": 10 / 16, "min_delta": 2 / 16},
+        {"script": [2, 3, 3, 3, 3], "patience": 2, "baseline": 17 / 32, "min_delta": 1 / 16},
+    ]
+    explicit = [{**e, "mode": "min" if e["script"][0] > 3 else "max"} for e in explicit]
+    from_baseline = lambda: _floats_from(range(0, 13))  # noqa: E731
+    strategy = _strategy(baseline=from_baseline, min_delta=_deltas, mode="min")
+    explore(ctx, lambda e: _decisions(ctx, e), strategy=strategy, explicit=explicit)
+
+
+@check(
+    "early_stopping",
+    "scripted_start_from_epoch",
+    guards="warm-up epochs counted",
+)
 def scripted_start_from_epoch(ctx: Context) -> None:
     """start_from_epoch: the first epochs are ignored."""
     explicit = [{"script": [1, 2, 3, 3, 3, 3], "patience": 1, "start_from_epoch": 2, "mode": "min"}]
@@ -176,9 +216,13 @@ class _Recorder:
         self.weights.append(model_state(self.backend.state_dict()))
 
 
-def _restore_run(ctx: Context, backend: Any, stopper: Any) -> tuple[int, Any, Any, Any]:
+def _restore_run(
+    ctx: Context, backend: Any, stopper: Any, script: Sequence[float]
+) -> tuple[int, Any, int | None]:
+    """Train with ``script`` as the validation metric; return the epochs trained, the best
+    epoch, and the epoch whose end-of-epoch weights the final weights equal (None: none)."""
     recorder = _Recorder(backend)
-    script = ScriptedValidation([5, 3, 4, 2, 6, 6, 6, 6], ctx.host)
+    values = ScriptedValidation(script, ctx.host)
     rng = np.random.default_rng(0x5EED)
     x, y = ctx.host(rng.normal(size=(16, 2))), ctx.host(rng.normal(size=(16, 1)))
     trainer = ctx.trainer(
@@ -187,30 +231,53 @@ def _restore_run(ctx: Context, backend: Any, stopper: Any) -> tuple[int, Any, An
         loss="mse",
         optimizer=optim.SGD(momentum=0.5),
         schedule=schedules.Constant(0.05),
-        callbacks=[script, stopper, recorder],
-        config={"epochs": 8, "batch_size": 4, "log_every_n_steps": 10**6},
+        callbacks=[values, stopper, recorder],
+        config={"epochs": len(script), "batch_size": 4, "log_every_n_steps": 10**6},
     )
-    trainer.fit((x, y), script)
-    best = getattr(stopper, "best_epoch", None)
-    return len(trainer.history), best, recorder.weights, model_state(backend.state_dict())
+    trainer.fit((x, y), values)
+    final = model_state(backend.state_dict())
+    same = lambda a, b: all(a[k].tobytes() == b[k].tobytes() for k in b)  # noqa: E731
+    restored = [epoch for epoch, weights in enumerate(recorder.weights) if same(final, weights)]
+    return len(trainer.history), getattr(stopper, "best_epoch", None), min(restored, default=None)
 
 
-@check("early_stopping", "restore_best_weights")
-def restore_best_weights(ctx: Context) -> None:
-    """restore_best_weights puts back exactly the best epoch's weights (same best epoch)."""
-    from unitrain.callbacks import EarlyStopping
+def _restores(ctx: Context, script: Sequence[float], patience: int) -> None:
+    from unitrain.callbacks import EarlyStopping  # the reference runs the core's callback
 
-    epochs, best, weights, final = _restore_run(
+    arguments = {"patience": patience, "restore_best_weights": True}
+    ours = _restore_run(
         ctx,
         ctx.make(MODEL, loss="mse", optimizer=optim.SGD(momentum=0.5)),
-        ctx.callback("EarlyStopping")("val_loss", patience=2, restore_best_weights=True),
+        ctx.callback("EarlyStopping")("val_loss", **arguments),
+        script,
     )
-    ref_epochs, ref_best, _, _ = _restore_run(
+    theirs = _restore_run(
         ctx,
         ctx.reference(MODEL, loss="mse", optimizer=optim.SGD(momentum=0.5)),
-        EarlyStopping("val_loss", patience=2, restore_best_weights=True),
+        EarlyStopping("val_loss", **arguments),
+        script,
     )
-    ctx.require_equal("epochs trained", epochs, ref_epochs)
-    ctx.require_equal("best epoch", best, ref_best)
-    ctx.require(best is not None and best < len(weights), f"no weights recorded for epoch {best}")
-    ctx.require_identical(f"weights after training vs epoch {best}'s", final, weights[best])
+    ctx.require_equal("epochs trained", ours[0], theirs[0])
+    ctx.require_equal("best epoch", ours[1], theirs[1])
+    ctx.require(theirs[2] is not None, "the reference restored no epoch's weights")
+    ctx.require_equal("epoch whose weights the run ended with", ours[2], theirs[2])
+
+
+@check(
+    "early_stopping",
+    "restore_best_weights",
+    guards="other weights restored than the best epoch's",
+)
+def restore_best_weights(ctx: Context) -> None:
+    """restore_best_weights puts back exactly the best epoch's weights (same best epoch)."""
+    _restores(ctx, [5, 3, 4, 2, 6, 6, 6, 6], patience=2)
+
+
+@check(
+    "early_stopping",
+    "restore_best_weights_full_run",
+    guards="best weights restored only when training stopped early",
+)
+def restore_best_weights_full_run(ctx: Context) -> None:
+    """restore_best_weights also restores when training runs to its last epoch (no stop)."""
+    _restores(ctx, [5, 3, 4, 2, 6, 6], patience=10)

@@ -32,19 +32,34 @@ def _fused_vs_plain(ctx: Context, optimizer: optim.Optimizer) -> None:
     ctx.compare(f"state after {len(LRS)} updates", fused.state_dict(), plain.state_dict(), "step")
 
 
-@check("fused", "train_step_sgd_momentum", requires=("fused_step",))
+@check(
+    "fused",
+    "train_step_sgd_momentum",
+    requires=("fused_step",),
+    guards="a fused step that differs from forward + backward + step (dropout masks included)",
+)
 def train_step_sgd_momentum(ctx: Context) -> None:
     """train_step equals forward + backward + step (SGD momentum, dropout)."""
     _fused_vs_plain(ctx, optim.SGD(momentum=0.9, nesterov=True))
 
 
-@check("fused", "train_step_adamw", requires=("fused_step",))
+@check(
+    "fused",
+    "train_step_adamw",
+    requires=("fused_step",),
+    guards="a fused AdamW step that differs from the three calls",
+)
 def train_step_adamw(ctx: Context) -> None:
     """train_step equals forward + backward + step (AdamW, dropout)."""
     _fused_vs_plain(ctx, optim.AdamW())
 
 
-@check("fused", "train_step_clipped", requires=("fused_step",))
+@check(
+    "fused",
+    "train_step_clipped",
+    requires=("fused_step",),
+    guards="clipping skipped or done differently in the fused step",
+)
 def train_step_clipped(ctx: Context) -> None:
     """train_step clips like step does."""
     model = classifier()
@@ -58,7 +73,12 @@ def train_step_clipped(ctx: Context) -> None:
     ctx.compare(f"state after {len(LRS)} updates", fused.state_dict(), plain.state_dict(), "step")
 
 
-@check("fused", "steps_per_call", requires=("fused_step",))
+@check(
+    "fused",
+    "steps_per_call",
+    requires=("fused_step",),
+    guards="several updates per call that differ from as many single steps",
+)
 def steps_per_call(ctx: Context) -> None:
     """train_steps(batches, lrs) equals as many single train_step calls."""
     model = classifier(dropout=0.25)

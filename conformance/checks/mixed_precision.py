@@ -121,7 +121,13 @@ def _training(ctx: Context, precision: str) -> None:
     )
 
 
-@check("mixed_precision", "master_weights_bf16")
+@check(
+    "mixed_precision",
+    "master_weights_bf16",
+    guards=(
+        "parameters or optimizer slots stored in the compute dtype instead of float32 master copies"
+    ),
+)
 def master_weights_bf16(ctx: Context) -> None:
     """bf16-mixed keeps float32 parameters and optimizer state under the usual names."""
     _require(ctx, "bf16-mixed")
@@ -136,25 +142,46 @@ def master_weights_bf16(ctx: Context) -> None:
     ctx.require(not wrong, f"state arrays changed dtype under bf16-mixed: {wrong}")
 
 
-@check("mixed_precision", "gradients_bf16")
+@check(
+    "mixed_precision",
+    "gradients_bf16",
+    guards=(
+        "the precision option ignored (float32 compute), float16 used for bfloat16, or "
+        "gradients rounded past bfloat16"
+    ),
+)
 def gradients_bf16(ctx: Context) -> None:
     """bf16-mixed gradients agree with the float64 reference within bfloat16's bar."""
     _gradients(ctx, "bf16-mixed")
 
 
-@check("mixed_precision", "gradients_fp16")
+@check(
+    "mixed_precision",
+    "gradients_fp16",
+    guards="gradients left scaled by the loss scale, float32 compute, or bfloat16 used for float16",
+)
 def gradients_fp16(ctx: Context) -> None:
     """16-mixed gradients (scaled, then unscaled) agree with the reference within float16's bar."""
     _gradients(ctx, "16-mixed")
 
 
-@check("mixed_precision", "training_bf16")
+@check(
+    "mixed_precision",
+    "training_bf16",
+    guards=(
+        "master weights updated in bfloat16, or the low-precision rounding compounding over updates"
+    ),
+)
 def training_bf16(ctx: Context) -> None:
     """20 bf16-mixed updates stay within bfloat16's bar of the reference."""
     _training(ctx, "bf16-mixed")
 
 
-@check("mixed_precision", "training_fp16")
+@check(
+    "mixed_precision",
+    "training_fp16",
+    guards="master weights updated in float16, or a loss scale applied to the update",
+)
 def training_fp16(ctx: Context) -> None:
     """20 16-mixed updates stay within float16's bar of the reference."""
     _training(ctx, "16-mixed")
@@ -192,7 +219,14 @@ def _expected(rule: LossScaler, flags: tuple[bool, ...]) -> list:
     return expected
 
 
-@check("mixed_precision", "loss_scale_trajectory")
+@check(
+    "mixed_precision",
+    "loss_scale_trajectory",
+    guards=(
+        "the scale grown one update late, an overflow not skipped, or a skipped update "
+        "that moved weights"
+    ),
+)
 def loss_scale_trajectory(ctx: Context) -> None:
     """A scripted overflow sequence gives the reference's skipped updates and scales."""
     _require(ctx, "16-mixed")
@@ -209,7 +243,11 @@ def loss_scale_trajectory(ctx: Context) -> None:
     )
 
 
-@check("mixed_precision", "loss_scale_floor")
+@check(
+    "mixed_precision",
+    "loss_scale_floor",
+    guards="the scale halved below 1 on repeated overflows",
+)
 def loss_scale_floor(ctx: Context) -> None:
     """Repeated overflows halve the scale down to 1 and no further; then it grows again."""
     _require(ctx, "16-mixed")
@@ -223,7 +261,11 @@ def loss_scale_floor(ctx: Context) -> None:
     )
 
 
-@check("mixed_precision", "loss_scale_resume")
+@check(
+    "mixed_precision",
+    "loss_scale_resume",
+    guards="the loss scale or its finite-run count not saved in the state dict, or not restored",
+)
 def loss_scale_resume(ctx: Context) -> None:
     """Stopping mid-sequence and loading the state dict continues the run bit for bit."""
     _require(ctx, "16-mixed")

@@ -173,13 +173,34 @@ OPTIMIZER_CHECKS: dict[str, tuple[Any, Any, list[dict[str, Any]], str]] = {
 }
 
 
+#: name -> the formula slips each optimizer check fails on.
+GUARDS = {
+    "sgd": "a learning rate or gradient applied with another rounding or sign",
+    "sgd_momentum": "Keras-style momentum (the LR inside the buffer: m = mu*m - lr*g)",
+    "sgd_nesterov": "nesterov=True ignored or applied as Keras/TF does",
+    "sgd_weight_decay": "weight decay dropped, or decoupled instead of added to the gradient",
+    "sgd_momentum_weight_decay": "decay added after the momentum buffer instead of before",
+    "adam": "bias corrections missing or in float32, betas swapped",
+    "adam_small_gradients": "epsilon added to sqrt(v) before the bias correction (Keras, TF)",
+    "adam_weight_decay": "Adam's L2 decay decoupled (AdamW) or dropped",
+    "adamw": "AdamW's decay coupled into the gradient, or applied in another expression",
+    "adamw_small_gradients": "AdamW's epsilon placement near tiny gradients",
+}
+
+
 def _register(
     name: str, build: Any, strategy: Any, explicit: list[dict[str, Any]], doc: str
 ) -> None:
     def run(ctx: Context) -> None:
         explore(ctx, _run_example(ctx, build), strategy=strategy, explicit=explicit)
 
-    add_check("optimizers", name, run, description=f"{doc}: {STEPS} updates vs float64")
+    add_check(
+        "optimizers",
+        name,
+        run,
+        description=f"{doc}: {STEPS} updates vs float64",
+        guards=GUARDS[name],
+    )
 
 
 for _name, (_build, _strat, _explicit, _doc) in OPTIMIZER_CHECKS.items():

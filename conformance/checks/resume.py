@@ -64,13 +64,21 @@ def _resume(
     return straight, resumed
 
 
-@check("resume", "epoch_boundary")
+@check(
+    "resume",
+    "epoch_boundary",
+    guards="state or data position lost at an epoch boundary",
+)
 def epoch_boundary(ctx: Context) -> None:
     """Crash at the start of epoch 2, resume from the epoch-1 checkpoint: same result."""
     _resume(ctx, optim.SGD(momentum=0.9), 6, {"every_n_epochs": 1})
 
 
-@check("resume", "mid_epoch")
+@check(
+    "resume",
+    "mid_epoch",
+    guards="dropout streams or the data position not restored mid-epoch",
+)
 def mid_epoch(ctx: Context) -> None:
     """Crash mid-epoch (update 9 of 18), resume from the step checkpoint: same result."""
     _resume(
@@ -78,19 +86,31 @@ def mid_epoch(ctx: Context) -> None:
     )
 
 
-@check("resume", "mid_epoch_adam")
+@check(
+    "resume",
+    "mid_epoch_adam",
+    guards="Adam's moments or bias-correction step not restored",
+)
 def mid_epoch_adam(ctx: Context) -> None:
     """Mid-epoch resume with Adam: moments and the bias-correction step survive."""
     _resume(ctx, optim.Adam(), 8, {"every_n_epochs": None, "every_n_steps": 8})
 
 
-@check("resume", "mid_epoch_accumulation")
+@check(
+    "resume",
+    "mid_epoch_accumulation",
+    guards="a resume inside an accumulated group",
+)
 def mid_epoch_accumulation(ctx: Context) -> None:
     """Mid-epoch resume with gradient accumulation over two micro-batches."""
     _resume(ctx, optim.AdamW(), 4, {"every_n_epochs": None, "every_n_steps": 4}, grad_accum_steps=2)
 
 
-@check("resume", "early_stopping_state")
+@check(
+    "resume",
+    "early_stopping_state",
+    guards="early stopping's counters lost in a checkpoint",
+)
 def early_stopping_state(ctx: Context) -> None:
     """Early stopping's state survives a resume: the resumed run stops at the same epoch."""
     stopper = ctx.callback("EarlyStopping")
@@ -102,7 +122,11 @@ def early_stopping_state(ctx: Context) -> None:
     ctx.require_equal("epochs trained", resumed.state.epoch, straight.state.epoch)
 
 
-@check("resume", "rng_state_roundtrip")
+@check(
+    "resume",
+    "rng_state_roundtrip",
+    guards="rng_state() not JSON data, or set_rng_state not restoring it",
+)
 def rng_state_roundtrip(ctx: Context) -> None:
     """rng_state() is JSON data, and set_rng_state restores it in a fresh backend."""
     model = classifier(dropout=0.25)

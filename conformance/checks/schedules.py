@@ -111,6 +111,7 @@ def _register(name: str, schedule: s.AbstractSchedule, steps: int, step_shaped: 
         name,
         run,
         description=f"the LR applied at each of {steps} updates equals {type(schedule).__name__}",
+        guards="a learning rate applied late, cached, or evaluated in float32 in a graph",
     )
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import importlib
+import inspect
+import os
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError, ConfigError
@@ -10,7 +14,10 @@ from unitrain._errors import CheckpointError, ConfigError
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
 
-__all__ = ["HOOKS", "Callback", "CallbackList", "restored"]
+__all__ = ["HOOKS", "Callback", "CallbackList", "callback_from_dict", "restored"]
+
+#: Built-in callbacks by ``type`` name; other callbacks are named ``"package.module:Class"``.
+_REGISTRY: dict[str, type[Callback]] = {}
 
 HOOKS = (
     "on_train_begin",
@@ -41,6 +48,44 @@ class Callback:
     #: Callbacks with ``runs_last`` run after all others in each hook (checkpointing does, so
     #: that the state it saves includes every other callback's decision for that epoch).
     runs_last = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Record each instance's constructor arguments, so :meth:`to_dict` needs no code."""
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("unitrain.") and not cls.__name__.startswith("_"):
+            _REGISTRY[cls.__name__] = cls
+        if "__init__" not in cls.__dict__:
+            return
+        original = cls.__init__
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def __init__(self: Callback, *args: Any, **kwargs: Any) -> None:
+            if "_arguments" not in self.__dict__:  # the outermost constructor's own arguments
+                bound = signature.bind(self, *args, **kwargs)
+                self.__dict__["_arguments"] = dict(list(bound.arguments.items())[1:])
+            original(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign,assignment]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The constructor arguments given, as data; :func:`callback_from_dict` inverts it.
+
+        A recipe file holds callbacks this way. Only arguments that were passed are kept, so
+        defaults stay defaults; paths become strings and tuples lists.
+
+        Raises:
+            ConfigError: an argument is not plain data (a number, string, bool, list, dict).
+
+        Examples:
+            >>> from unitrain.callbacks import EarlyStopping
+            >>> EarlyStopping("val_loss", patience=3).to_dict()
+            {'type': 'EarlyStopping', 'monitor': 'val_loss', 'patience': 3}
+        """
+        cls = type(self)
+        name = cls.__name__ if _REGISTRY.get(cls.__name__) is cls else _import_name(cls)
+        arguments = self.__dict__.get("_arguments", {})
+        return {"type": name, **{k: _plain(f"{name}.{k}", v) for k, v in arguments.items()}}
 
     @property
     def state_key(self) -> str:
@@ -134,6 +179,61 @@ class CallbackList:
                 raise CheckpointError(
                     f"the saved state of callback {key!r} cannot be loaded: {detail:.300}"
                 ) from error
+
+
+def callback_from_dict(data: Mapping[str, Any]) -> Any:
+    """Build a callback from :meth:`Callback.to_dict` output (``type`` plus arguments).
+
+    Examples:
+        >>> callback_from_dict({"type": "EarlyStopping", "patience": 2}).patience
+        2
+    """
+    arguments = dict(data)
+    name = arguments.pop("type", None)
+    if not isinstance(name, str):
+        raise ConfigError(f"a callback needs a 'type' (a class name), got {dict(data)!r:.200}")
+    if name in _REGISTRY:
+        cls: Any = _REGISTRY[name]
+    elif ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ConfigError(f"callback type {name!r} cannot be imported: {error}") from None
+    else:
+        raise ConfigError(
+            f"unknown callback type {name!r}; built in: {sorted(_REGISTRY)}, or name your own "
+            "class as 'package.module:Class'"
+        )
+    try:
+        return cls(**arguments)
+    except TypeError as error:
+        raise ConfigError(f"bad arguments for callback {name!r}: {error}") from None
+
+
+def _import_name(cls: type) -> str:
+    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
+        raise ConfigError(
+            f"callback class {cls.__qualname__} cannot be named in a recipe file; define it "
+            "at the top level of an importable module"
+        )
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _plain(where: str, value: Any) -> Any:
+    """``value`` as JSON/TOML data, or a ConfigError naming the argument."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(where, item) for item in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(f"{where}.{k}", v) for k, v in value.items()}
+    raise ConfigError(
+        f"{where}={value!r:.80} is not plain data (number, string, bool, list, dict), so it "
+        "cannot be written to a recipe file; use a Python recipe for such callbacks"
+    )
 
 
 _REQUIRED: Any = object()

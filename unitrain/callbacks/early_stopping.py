@@ -83,7 +83,11 @@ class EarlyStopping(Callback):
             return
         if self.wait >= self.patience and epoch > 0:
             self.stopped_epoch = epoch
-            trainer.state.stop_training = True
+            best = "none" if self.best_epoch is None else f"epoch {self.best_epoch + 1}"
+            trainer.stop(
+                f"early stopping: {self.monitor.name} did not improve for {self.wait} epochs "
+                f"(best {self.best:.6g} at {best})"
+            )
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.restore_best_weights and self.best_weights is not None:

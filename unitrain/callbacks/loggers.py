@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,39 @@ from unitrain.callbacks._base import Callback, restored
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
 
-__all__ = ["CSVLogger", "JSONLLogger"]
+__all__ = ["CSVLogger", "ConsoleLogger", "JSONLLogger"]
+
+
+class ConsoleLogger(Callback):
+    """Prints one line per epoch as soon as it ends (``epoch 3/10: loss=... val_loss=...``).
+
+    With several workers, only rank 0 keeps it (see :mod:`unitrain.strategy`).
+
+    Lines are flushed at once, so a log file fills while training runs, not when it ends.
+
+    Args:
+        stream: where to print; None is ``sys.stdout`` at the time of printing.
+    """
+
+    main_process_only = True
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        shown = [
+            f"{key}={value:.4f}"
+            for key, value in logs.items()
+            if key not in ("epoch", "step", "seconds", "skipped_steps", "lr")
+            and isinstance(value, float)
+        ]
+        shown.append(f"lr={logs['lr']:.3g}")
+        print(
+            f"epoch {logs['epoch']}/{trainer.config.epochs}: {', '.join(shown)} "
+            f"({logs['seconds']:.1f}s)",
+            file=self.stream or sys.stdout,
+            flush=True,
+        )
 
 
 class _EpochFileLogger(Callback):
@@ -26,6 +59,9 @@ class _EpochFileLogger(Callback):
     run cuts the file back to that length first, so epochs re-run after the checkpoint are
     not written twice.
     """
+
+    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    main_process_only = True
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

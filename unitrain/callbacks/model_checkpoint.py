@@ -22,11 +22,13 @@ BEST = "best"
 class ModelCheckpoint(Callback):
     """Write resumable checkpoints into ``dirpath`` as training goes.
 
-    Periodic checkpoints are named ``epoch=EEEE-step=SSSSSS`` and the newest ``keep_last`` are
-    kept. With ``monitor`` set, the checkpoint of the best epoch so far is also kept under
-    ``dirpath/best``. Every write is atomic (a temporary directory renamed into place), so a
-    kill at any moment leaves the previous checkpoints valid, and ``fit(resume="latest")``
-    continues from the newest one that verifies.
+    Periodic checkpoints are named ``epoch=EEEE-step=SSSSSS`` (``EEEE`` is the epoch the step
+    belongs to, counting from 1, so a step saved both by step and at its epoch's end has one
+    name: the later save replaces the earlier) and the newest ``keep_last`` are kept. With
+    ``monitor`` set, the checkpoint of the best epoch so far is also kept under ``dirpath/best``.
+    Every write is atomic (a temporary directory renamed into place), so a kill at any moment
+    leaves the previous checkpoints valid, and ``fit(resume="latest")`` continues from the
+    newest one that verifies.
 
     This callback runs after all others in each hook, so the state it saves includes every
     other callback's decision for the epoch (early stopping's counter, a logger's position).
@@ -129,7 +131,7 @@ class ModelCheckpoint(Callback):
 
     def _save_periodic(self, trainer: Trainer) -> None:
         directory = self._directory(trainer)
-        name = checkpoint_name(trainer.state.epoch, trainer.state.step)
+        name = checkpoint_name(trainer.epoch_number, trainer.state.step)
 
         def prune() -> None:  # once the new checkpoint is in place
             if self.keep_last is not None:

@@ -19,10 +19,16 @@ class ProgressBar(Callback):
     Args:
         enabled: None (default) shows the bar only when stderr is a terminal, so logs of
             batch jobs stay clean; True or False forces it.
+        leave: keep each finished epoch's bar on screen; False clears it (for when another
+            callback prints the epoch's line, as ``unitrain train`` does).
     """
 
-    def __init__(self, enabled: bool | None = None) -> None:
+    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    main_process_only = True
+
+    def __init__(self, enabled: bool | None = None, leave: bool = True) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.leave = leave
         self._bar: Any = None
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
@@ -36,7 +42,7 @@ class ProgressBar(Callback):
             initial=trainer.state.batch,
             desc=f"Epoch {epoch + 1}/{trainer.config.epochs}",
             unit="batch",
-            leave=True,
+            leave=self.leave,
             file=sys.stderr,
         )
 

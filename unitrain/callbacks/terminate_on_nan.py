@@ -36,7 +36,7 @@ class TerminateOnNaN(Callback):
         self.stopped_at = trainer.state.step
         if self.raise_error:
             raise NonFiniteError(f"TerminateOnNaN: loss is {loss} at step {trainer.state.step}")
-        trainer.state.stop_training = True
+        trainer.stop(f"TerminateOnNaN: loss is {loss} at step {trainer.state.step}")
 
     def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
         self._check(trainer, logs)

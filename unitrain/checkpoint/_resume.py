@@ -170,6 +170,13 @@ def read_resume_point(info: dict[str, Any], file: Path, batches_per_epoch: int) 
     history = _typed(info, "history", list, file, [])
     if not all(isinstance(row, dict) for row in history):
         raise CheckpointError(f"{file}: 'history' must be a list of objects; {_DAMAGED}")
+    numbers = [row.get("epoch") for row in history]
+    first = numbers[0] if numbers and type(numbers[0]) is int else 0
+    if any(type(n) is not int or n != first + i for i, n in enumerate(numbers)):
+        raise CheckpointError(
+            f"{file}: 'history' must hold one row per epoch with consecutive 'epoch' numbers, "
+            f"got {numbers!r:.80}; {_DAMAGED}"
+        )
     skipped = _count(info, "skipped_steps", file)
     return ResumePoint(
         epoch=_count(info, "epoch", file),

@@ -16,10 +16,12 @@ displaced copy in its place, so "latest" still finds the old checkpoint. Leftove
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
+import signal
 import threading
 import time
 import warnings
@@ -189,7 +191,8 @@ class CheckpointWriter:
                 self._error = error
 
         self._thread = threading.Thread(target=finish, name="unitrain-checkpoint", daemon=True)
-        self._thread.start()
+        with _interrupts_deferred():
+            self._thread.start()
         return staged.target
 
     def wait(self) -> None:
@@ -200,6 +203,28 @@ class CheckpointWriter:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back from the main thread until the block ends.
+
+    ``Thread.start`` waits for the new thread to report in; a KeyboardInterrupt landing in
+    that wait leaves a thread that runs but cannot be joined, so ``wait`` would fail and the
+    save could outlive the run's lock. The signal stays pending and is raised right after.
+    The thread started inside inherits the blocked signal, which is what Python wants anyway:
+    signal handlers run on the main thread only.
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _Staged:

@@ -1,7 +1,8 @@
-"""The default recipe: an MLP on scikit-learn's bundled digits, warmup + cosine, early stop.
+"""Built-in recipes and their data: an MLP on scikit-learn's bundled digits.
 
-``unitrain train`` runs it; the parity tests of every backend train it. The digits data set
-(1,797 8x8 images, 10 classes) ships inside scikit-learn, so nothing is downloaded.
+``unitrain train`` runs the recipe file :mod:`unitrain.recipes.digits`; the parity tests of
+every backend train :func:`default_trainer`, the same recipe as a function. The digits data
+set (1,797 8x8 images, 10 classes) ships inside scikit-learn, so nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from unitrain.models import MLP
 from unitrain.optim import SGD
 from unitrain.trainer import Trainer
 
-__all__ = ["DigitsSplit", "default_trainer", "load_digits"]
+__all__ = ["Digits", "DigitsSplit", "default_trainer", "load_digits"]
+
+#: Examples in scikit-learn's digits data set.
+DIGITS_EXAMPLES = 1797
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,38 @@ def load_digits(val_fraction: float = 0.2, seed: int = 0) -> DigitsSplit:
     return DigitsSplit(x[train], y[train], x[val], y[val])
 
 
+@dataclasses.dataclass(frozen=True)
+class Digits:
+    """The digits data set as a recipe's ``data``: :meth:`load` gives train and validation.
+
+    Args:
+        val_fraction: share of the examples held out for validation.
+        seed: seeds the split (not the batch order, which ``TrainerConfig.seed`` sets).
+
+    Examples:
+        >>> Digits().train_size
+        1438
+    """
+
+    val_fraction: float = 0.2
+    seed: int = 0
+    kind = "digits"
+
+    @property
+    def train_size(self) -> int:
+        """Training examples, known without loading (recipes size their schedules by it)."""
+        return DIGITS_EXAMPLES - round(DIGITS_EXAMPLES * self.val_fraction)
+
+    def load(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """``((x_train, y_train), (x_val, y_val))``."""
+        split = load_digits(self.val_fraction, self.seed)
+        return (split.x_train, split.y_train), (split.x_val, split.y_val)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/TOML description: ``{"type": "digits", ...}``."""
+        return {"type": self.kind, **dataclasses.asdict(self)}
+
+
 def default_trainer(
     *,
     backend: Any = None,
@@ -63,13 +99,15 @@ def default_trainer(
     batch_size: int = 32,
     patience: int = 3,
     progress: bool | None = None,
+    strategy: Any = None,
 ) -> tuple[Trainer, ArrayLoader, tuple[np.ndarray, np.ndarray]]:
     """Build the default recipe; return the Trainer, the train loader and validation arrays.
 
     The recipe: MLP 64-128-10 (ReLU), SGD with momentum 0.9, one epoch of linear warmup to
     LR 0.1 then cosine decay to 0.001 over the remaining epochs, batch 32, early stopping on
     ``val_loss`` with patience 3, and, when ``out`` is given, checkpoints every epoch (last
-    three kept) in ``out/checkpoints`` and metrics in ``out/metrics.jsonl``.
+    three kept) in ``out/checkpoints`` and metrics in ``out/metrics.jsonl``. ``strategy``
+    spreads it over workers (see :class:`~unitrain.trainer.Trainer`).
     """
     split = load_digits(seed=0)
     train = ArrayLoader(split.x_train, split.y_train, batch_size, seed=seed)
@@ -102,5 +140,6 @@ def default_trainer(
         schedule=schedule,
         callbacks=hooks,
         config=config,
+        strategy=strategy,
     )
     return trainer, train, (split.x_val, split.y_val)

@@ -1,0 +1,129 @@
+"""The data-parallel experiment the kit runs on N workers and on one, and its worker program.
+
+:func:`experiment` trains a small classifier for :data:`EPOCHS` epochs with a checkpoint
+every epoch and a JSON-lines log (run ``a``), then resumes a fresh Trainer from run ``a``'s
+checkpoint after epoch 1 into another directory (run ``b``). Rank 0 saves both runs' final
+state and history. Run as a program (``python -m unitrain.conformance._workers TARGET
+DTYPE[,DTYPE...] OUT``, one ``OUT/DTYPE`` each) under a backend's launcher, every worker
+executes it and the Trainer takes its place from the launcher's environment; in process,
+``strategy`` says how many workers to simulate.
+
+The global batch of 15 splits 8/7 on two workers and the last batch of each epoch (5
+examples) 3/2, so the weighting of uneven slices is exercised on every epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unitrain import callbacks, optim, schedules
+from unitrain.config import TrainerConfig
+from unitrain.models import MLP
+from unitrain.trainer import Trainer
+
+__all__ = ["EPOCHS", "RESUME_EPOCH", "data", "experiment", "read_result", "train"]
+
+#: Early stopping (patience 1, min_delta 0.05) ends the run after 3 of these epochs, so the
+#: kit sees a stopping decision taken before the last epoch.
+EPOCHS = 5
+#: Run ``b`` resumes from the checkpoint written after this many epochs.
+RESUME_EPOCH = 1
+BATCH = 15
+
+
+def data(dtype: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Training (50 examples) and validation (20) arrays of three separable blobs."""
+    generator = np.random.default_rng(13)
+    centers = generator.normal(size=(3, 6)) * 2.0
+    host = np.float64 if dtype == "float64" else np.float32
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = generator.integers(0, 3, n)
+        return (centers[labels] + generator.normal(size=(n, 6))).astype(host), labels
+
+    return draw(50), draw(20)
+
+
+def train(
+    backend: Any, dtype: str, directory: Path, strategy: Any, resume: Path | None = None
+) -> Trainer:
+    """One run of the experiment's recipe, checkpointing every epoch into ``directory``."""
+    (x, y), val = data(dtype)
+    config = TrainerConfig(
+        epochs=EPOCHS,
+        batch_size=BATCH,
+        seed=0,
+        device="cpu",
+        dtype=dtype,
+        deterministic=True,
+        log_every_n_steps=2,
+        checkpoint_dir=str(directory / "checkpoints"),
+    )
+    hooks = [
+        callbacks.ModelCheckpoint(directory / "checkpoints", every_n_epochs=1),
+        callbacks.JSONLLogger(directory / "metrics.jsonl"),
+        callbacks.EarlyStopping("val_loss", patience=1, min_delta=0.05),
+    ]
+    trainer = Trainer(
+        MLP((6, 16, 3), activation="tanh"),
+        backend=backend,
+        optimizer=optim.SGD(momentum=0.9),
+        schedule=schedules.Warmup(schedules.CosineDecay(0.2, 12, 1e-3), warmup_steps=3),
+        callbacks=hooks,
+        config=config,
+        strategy=strategy,
+    )
+    trainer.fit((x, y), val, resume=resume)
+    return trainer
+
+
+def _save(trainer: Trainer, directory: Path) -> None:
+    if not trainer.strategy.is_main:
+        return
+    np.savez(directory / "final.npz", **trainer.backend.state_dict())
+    outcome = {
+        "world_size": trainer.strategy.world_size,
+        "epoch": trainer.state.epoch,
+        "step": trainer.state.step,
+        "stop_training": trainer.state.stop_training,
+        "history": [{k: row[k] for k in ("epoch", "step", "lr")} for row in trainer.history],
+    }
+    (directory / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
+
+
+def experiment(backend: Any, dtype: str, out: Path, strategy: Any = None) -> None:
+    """Run ``a`` (uninterrupted) and ``b`` (resumed after epoch 1) under ``out``."""
+    first = train(backend, dtype, out / "a", strategy)
+    _save(first, out / "a")
+    checkpoint = resume_point(out / "a")
+    _save(train(backend, dtype, out / "b", strategy, resume=checkpoint), out / "b")
+
+
+def resume_point(directory: Path) -> Path:
+    """The checkpoint of run ``directory`` written after :data:`RESUME_EPOCH` epochs."""
+    from unitrain.checkpoint import list_checkpoints
+
+    for path in list_checkpoints(directory / "checkpoints"):
+        info = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+        if info["epoch"] == RESUME_EPOCH and info["batch"] == 0:
+            return path
+    raise AssertionError(f"no checkpoint after epoch {RESUME_EPOCH} in {directory}")
+
+
+def read_result(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A run's final state dict and outcome, as rank 0 saved them."""
+    with np.load(directory / "final.npz", allow_pickle=False) as saved:
+        state = {key: saved[key] for key in saved.files}
+    return state, json.loads((directory / "outcome.json").read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    # One launch runs every dtype asked for (comma-separated): starting workers costs seconds.
+    target, dtype_names, output = sys.argv[1:4]
+    for dtype_name in dtype_names.split(","):
+        experiment(target, dtype_name, Path(output) / dtype_name)

@@ -1,0 +1,143 @@
+"""data_parallel: N workers train like one worker with the global batch, and resume anywhere.
+
+A backend that declares ``data_parallel`` runs :mod:`unitrain.conformance._workers` on two
+workers through its own launcher (``launch_command``); one without a launcher but with a
+``launched_strategy()`` that answers in process is run in process; any other backend runs
+two simulated workers (:class:`unitrain.strategy.SimulatedWorkers`), the oracle's mode.
+Against one worker with the global batch:
+
+- final weights agree within the ``step`` tolerance: float32 sums of slice gradients round
+  differently from one batch's sum (about 1 ulp per update; the engines measured in issue
+  13 differ by 6e-8 to 9e-8 after 20 steps), float64 agrees to 1e-12; the LR of every
+  epoch, the epochs run and the early-stopping decision are identical;
+- only rank 0 wrote: the log has one line per epoch, every checkpoint is valid;
+- the same worker count resumes bit-identically; one worker resumes the two-worker
+  checkpoint and ends as an uninterrupted one-worker run does (within tolerance).
+
+A loss that is each replica's mean under an engine that sums replicas (TF's trap), or a
+second average on top of the engine's (JAX ``shard_map``'s), doubles or halves every
+gradient: both fail the first comparison by orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from unitrain.checkpoint import list_checkpoints, load_checkpoint
+from unitrain.conformance import _workers
+from unitrain.conformance._context import Context
+from unitrain.conformance._registry import check
+from unitrain.strategy import DataParallel
+
+WORKERS = 2
+#: Two workers run the experiment in every dtype in 10-30 s on a busy 2-core CPU; a hang
+#: ends here.
+LAUNCH_TIMEOUT_S = 240
+
+
+def _launcher(ctx: Context) -> Any:
+    if not ctx.backend.capabilities.data_parallel:
+        return None
+    return getattr(ctx.backend.factory, "launch_command", None)
+
+
+def _run_workers(ctx: Context, out: Path) -> Path:
+    """The experiment on two workers (launched, in process, or simulated); its directory."""
+    launcher = _launcher(ctx)
+    if launcher is None:
+        probe = ctx.make(_workers_model())
+        strategy = None if isinstance(probe, DataParallel) else WORKERS
+        _workers.experiment(ctx.backend.factory, ctx.dtype, out, strategy)
+        return out
+    key = (ctx.backend.target, ctx.device)
+    if key not in _LAUNCHED:  # one launch for every dtype: starting workers takes seconds
+        _LAUNCHED[key] = _launch(ctx, launcher)
+    return _LAUNCHED[key] / ctx.dtype
+
+
+#: Launched runs by (backend target, device), kept until the process exits.
+_LAUNCHED: dict[tuple[str, str], Path] = {}
+
+
+def _launch(ctx: Context, launcher: Any) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="unitrain-data-parallel-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    dtypes = ",".join(ctx.backend.capabilities.dtypes)
+    command = [*launcher(WORKERS), "-m", "unitrain.conformance._workers"]
+    command += [ctx.backend.target, dtypes, str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env
+        )
+    except subprocess.TimeoutExpired:
+        ctx.require(False, f"{WORKERS} workers did not finish in {LAUNCH_TIMEOUT_S} s")
+    if done.returncode != 0:  # the workers' own errors say more than the launcher's summary
+        errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
+        detail = "\n".join(errors[-6:]) or done.stderr[-1500:]
+        ctx.require(False, f"{WORKERS} workers failed (exit {done.returncode}):\n{detail}")
+    return out
+
+
+_ERROR = re.compile(r"(Error|Exception|Signal \d+|exitcode)\b")
+
+
+def _workers_model() -> Any:
+    from unitrain.models import MLP
+
+    return MLP((6, 16, 3), activation="tanh")
+
+
+def _history(outcome: dict[str, Any]) -> list[tuple[int, int, float]]:
+    return [(row["epoch"], row["step"], row["lr"]) for row in outcome["history"]]
+
+
+@check(
+    "data_parallel",
+    "workers_match_global_batch",
+    guards="gradients summed or averaged once too often over workers (per-replica mean loss, "
+    "a pmean on shard_map's sum), a second writer, a resume that depends on the worker count",
+)
+def workers_match_global_batch(ctx: Context) -> None:
+    """2 workers x batch slices equal 1 worker x global batch; rank 0 alone writes; resume."""
+    if ctx.device != "cpu":
+        ctx.skip("the kit launches data-parallel workers on the CPU only")
+    parallel, single = _run_workers(ctx, ctx.path("workers")), ctx.path("single")
+    _workers.experiment(ctx.backend.factory, ctx.dtype, single, strategy=1)
+    state, outcome = _workers.read_result(parallel / "a")
+    reference, reference_outcome = _workers.read_result(single / "a")
+    ctx.require_equal("workers that took part", outcome["world_size"], WORKERS)
+    ctx.compare("final state, 2 workers vs 1 with the global batch", state, reference, "step")
+    ctx.require_equal(
+        "epochs, steps and LRs (early stopping)", _history(outcome), _history(reference_outcome)
+    )
+
+    lines = (parallel / "a" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    ctx.require_equal("log lines (one writer)", len(lines), len(outcome["history"]))
+    for path in list_checkpoints(parallel / "a" / "checkpoints"):
+        load_checkpoint(path)  # raises on a torn or doubly written checkpoint
+
+    resumed, resumed_outcome = _workers.read_result(parallel / "b")
+    ctx.require_identical("2 workers resumed on 2 workers vs uninterrupted", resumed, state)
+    ctx.require_equal("resumed history", _history(resumed_outcome), _history(outcome))
+
+    checkpoint = _workers.resume_point(parallel / "a")
+    one = _workers.train(ctx.backend.factory, ctx.dtype, ctx.path("one"), 1, resume=checkpoint)
+    ctx.compare(
+        "2-worker checkpoint resumed on 1 worker vs 1 worker throughout",
+        one.backend.state_dict(),
+        reference,
+        "step",
+    )
+    ctx.require_equal(
+        "position after resuming on 1 worker",
+        (one.state.epoch, one.state.step),
+        (reference_outcome["epoch"], reference_outcome["step"]),
+    )

@@ -1,0 +1,158 @@
+"""dropout: train-mode dropout is inverted and draws a fresh mask per update and micro-batch.
+
+The probe reads a backend's dropped hidden layer through the public protocol.
+``MLP((4, 32, 1), sigmoid, dropout=p)`` with its output layer's weights and bias set to zero
+outputs 0 whatever the mask, so with the target ``-1/2`` and mean squared error the gradient
+of the output is exactly 1 and the gradient of hidden unit ``j``'s output weight is that
+unit's value after dropout, ``h_j``. One plain SGD update at learning rate 1 then leaves
+``-h`` in the output weights (and ``-1`` in the output bias, which confirms the premise);
+the zero output weights keep every gradient away from the first layer, which never moves.
+
+Sigmoid units are never 0, so a 0 is a dropped unit, and a kept one must be
+``a_j / (1 - p)`` (inverted dropout, so that evaluation needs no rescaling) where ``a_j`` is
+the float64 reference's activation at the same weights, read the same way with dropout off.
+The mask's randomness is judged by exact outcomes: two independent masks of 32 units with
+``p = 1/4`` coincide with probability ``0.625**32 < 1e-6``, and the drop rate over 256 draws
+is held to a band 4.6 standard deviations wide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from unitrain import optim
+from unitrain.conformance._context import Context
+from unitrain.conformance._probes import upcast
+from unitrain.conformance._registry import check
+from unitrain.models import MLP
+
+RATE = 0.25
+UPDATES = 8
+_HIDDEN = 32
+#: The dropped fraction of 256 draws must lie in this band (mean 0.25, sd 0.027).
+_RATE_BAND = (0.125, 0.375)
+
+
+def _model(dropout: float) -> MLP:
+    return MLP((4, _HIDDEN, 1), activation="sigmoid", dropout=dropout)
+
+
+class _Probe:
+    """A backend under the probe's state, and the reference's activations at that state."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.backend = ctx.make(_model(RATE), loss="mse", optimizer=optim.SGD())
+        start = self.backend.state_dict()
+        for name in ("model.layers.1.weight", "model.layers.1.bias"):
+            start[name] = np.zeros_like(start[name])
+        self.start = start
+        rng = np.random.default_rng(0xD50)
+        self.batch = (ctx.host(rng.normal(0.0, 1.0, (1, 4))), ctx.host([[-0.5]]))
+        reference = ctx.reference(_model(0.0), loss="mse", optimizer=optim.SGD())
+        reference.load_state_dict(upcast(start))
+        reference_batch = tuple(np.asarray(b, np.float64) for b in self.batch)
+        self.activations = self._read(
+            reference, lambda: Context.update(reference, reference_batch, 1.0)
+        )
+
+    def _read(self, backend: Any, update: Any) -> np.ndarray:
+        update()
+        state = backend.state_dict()
+        bias = float(np.asarray(state["model.layers.1.bias"], np.float64)[0])
+        self.ctx.require(
+            bias == -1.0,
+            f"the dropout probe's output bias moved to {bias!r}, not -1: with zero output "
+            "weights the output must be 0 and the MSE gradient exactly 1",
+        )
+        return -np.asarray(state["model.layers.1.weight"], np.float64)[:, 0]
+
+    def hidden(self, step: int, micro_batches: int = 1) -> np.ndarray:
+        """The dropped hidden layer (summed over micro-batches, each weighted equally) of
+        one update made at update counter ``step``."""
+        state = dict(self.start)
+        state["optimizer.step"] = np.asarray(step, np.int64)
+        self.backend.load_state_dict(state)
+        if micro_batches == 1:
+            return self._read(self.backend, lambda: self.ctx.update(self.backend, self.batch, 1.0))
+
+        def accumulate() -> None:
+            for _ in range(micro_batches):
+                self.backend.forward(self.batch)
+                self.backend.backward(1.0 / micro_batches)
+            self.backend.step(1.0)
+
+        return self._read(self.backend, accumulate)
+
+    def levels(self, hidden: np.ndarray, what: str, allowed: tuple[float, ...]) -> np.ndarray:
+        """Each unit's value as a fraction of ``a / (1 - p)``, snapped to ``allowed``; fails
+        unless every unit is within the ``evaluate`` tolerance of an allowed level."""
+        full = self.activations / (1.0 - RATE)
+        fraction = hidden / full
+        snapped = np.asarray(allowed)[np.argmin(np.abs(fraction[:, None] - allowed), axis=1)]
+        self.ctx.compare(what, hidden, snapped * full, "evaluate")
+        return snapped
+
+
+@check(
+    "dropout",
+    "inverted_scaling",
+    guards="dropout without the 1/(1-p) scaling, or the drop and keep rates swapped",
+)
+def inverted_scaling(ctx: Context) -> None:
+    """Kept units are scaled by 1/(1-p) in training and dropped ones are 0, at rate p."""
+    probe = _Probe(ctx)
+    levels = np.concatenate(
+        [
+            probe.levels(probe.hidden(step), f"hidden units of update {step}", (0.0, 1.0))
+            for step in range(UPDATES)
+        ]
+    )
+    dropped = float(np.mean(levels == 0.0))
+    low, high = _RATE_BAND
+    ctx.require(
+        low <= dropped <= high,
+        f"{dropped:.3f} of {levels.size} hidden units were dropped with dropout p={RATE}; "
+        f"a correct backend drops between {low} and {high} of them",
+    )
+
+
+@check(
+    "dropout",
+    "new_mask_each_update",
+    guards="a dropout mask that does not change from update to update",
+)
+def new_mask_each_update(ctx: Context) -> None:
+    """Each update draws a new dropout mask (same batch and weights, different masks)."""
+    probe = _Probe(ctx)
+    masks = [probe.hidden(step) != 0.0 for step in range(UPDATES)]
+    for step in range(1, UPDATES):
+        ctx.require(
+            bool(np.any(masks[step] != masks[step - 1])),
+            f"updates {step - 1} and {step} dropped exactly the same {_HIDDEN} hidden units: "
+            "the dropout mask must change from update to update (derive it from the seed, "
+            "the update counter and the micro-batch)",
+        )
+
+
+@check(
+    "dropout",
+    "new_mask_each_micro_batch",
+    guards="one dropout mask shared by the micro-batches of an update",
+)
+def new_mask_each_micro_batch(ctx: Context) -> None:
+    """The micro-batches of one accumulated update draw different dropout masks."""
+    probe = _Probe(ctx)
+    for step in range(4):
+        levels = probe.levels(
+            probe.hidden(step, micro_batches=2),
+            f"hidden units summed over 2 micro-batches of update {step}",
+            (0.0, 0.5, 1.0),
+        )
+        ctx.require(
+            bool(np.any(levels == 0.5)),
+            f"the 2 micro-batches of update {step} dropped exactly the same hidden units: each "
+            "micro-batch of an accumulated update must draw its own dropout mask",
+        )

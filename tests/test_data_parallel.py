@@ -1,0 +1,215 @@
+"""Data-parallel training: the strategy seam, simulated workers, the launcher, and the traps.
+
+The real engines (torch DDP, jax.distributed, MultiWorkerMirroredStrategy) are launched by
+the kit's ``data_parallel`` family, which ``test_conformance`` runs on every built-in
+backend; the tests here stay in one process, except the launcher's, which starts two tiny
+Python workers and no framework.
+
+The two trap backends model the mistakes issue 13 measured, each doubling the gradients on
+two workers; the kit must fail both while passing their good base class.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unitrain import DataError, Trainer, TrainerConfig, callbacks
+from unitrain._errors import ConfigError
+from unitrain.backends.numpy import NumpyBackend
+from unitrain.conformance import check_backend
+from unitrain.models import MLP
+from unitrain.optim import SGD
+from unitrain.strategy import SimulatedWorkers, SingleProcess, shard_bounds
+
+WORKERS = 2
+
+
+class _PerReplicaMean(SimulatedWorkers):
+    """An engine that sums replicas' gradients, fed each replica's own mean loss."""
+
+    def shards(self, batch: Any) -> list[tuple[Any, float]]:
+        return [(part, 1.0) for part, _ in super().shards(batch)]
+
+
+class PerReplicaMeanLoss(NumpyBackend):
+    """TensorFlow's trap: a per-replica mean loss under MirroredStrategy's sum over replicas
+    (instead of ``compute_average_loss(per_example, global_batch_size)``)."""
+
+    def launched_strategy(self) -> Any:
+        return _PerReplicaMean(WORKERS)
+
+
+class ShardMapPmeanOnSum(NumpyBackend):
+    """JAX's trap: ``shard_map`` (``check_vma=True``) already sums the per-device-mean
+    gradients of replicated parameters; the ``pmean`` added on top averages copies that are
+    all equal to that sum, so it changes nothing and the gradients stay doubled."""
+
+    def launched_strategy(self) -> Any:
+        return _PerReplicaMean(WORKERS)
+
+    def step(self, lr: float) -> None:
+        copies = [dict(self.grads) for _ in range(WORKERS)]  # replicated: every device's copy
+        self.grads = {k: sum(c[k] for c in copies) / WORKERS for k in self.grads}  # pmean
+        super().step(lr)
+
+
+def _data(n: int = 46, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    generator = np.random.default_rng(seed)
+    x = generator.normal(size=(n, 5))
+    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+
+
+def _fit(strategy: Any, **config: Any) -> Trainer:
+    settings = {"epochs": 2, "batch_size": 12, "dtype": "float64", "seed": 1, **config}
+    trainer = Trainer(
+        MLP((5, 7, 2)),
+        backend="numpy",
+        optimizer=SGD(momentum=0.9),
+        config=TrainerConfig(**settings),
+        strategy=strategy,
+    )
+    trainer.fit(_data(), _data(20, seed=1))
+    return trainer
+
+
+def _max_difference(first: Trainer, second: Trainer) -> float:
+    a, b = first.backend.state_dict(), second.backend.state_dict()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def test_slices_are_contiguous_cover_the_batch_and_differ_by_at_most_one():
+    for size in (1, 2, 7, 15, 16):
+        for workers in (1, 2, 3):
+            bounds = [shard_bounds(size, workers, r) for r in range(workers)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == size
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+            lengths = [stop - start for start, stop in bounds]
+            assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_simulated_workers_equal_one_worker_with_the_global_batch_in_float64(accumulation):
+    one = _fit(None, grad_accum_steps=accumulation)
+    two = _fit(WORKERS, grad_accum_steps=accumulation)
+    assert isinstance(one.strategy, SingleProcess) and two.strategy.world_size == WORKERS
+    assert _max_difference(one, two) < 1e-14  # summation order only
+    assert [row["step"] for row in two.history] == [row["step"] for row in one.history]
+    for mine, theirs in zip(two.history, one.history):
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-13)
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-13)
+
+
+def test_a_batch_smaller_than_the_workers_is_refused_before_training():
+    with pytest.raises(DataError, match="fewer than the 3 workers"):
+        _fit(3, batch_size=11)  # 46 = 4 x 11 + 2: the last batch has 2 examples
+
+
+def test_a_strategy_must_be_a_strategy():
+    with pytest.raises(ConfigError, match="strategy must be"):
+        Trainer(MLP((5, 2)), backend="numpy", strategy="ddp")
+    with pytest.raises(ConfigError, match="workers must be an int >= 1"):
+        SimulatedWorkers(0)
+
+
+class _SecondWorker(SimulatedWorkers):
+    """Rank 1 of two: computes its slice, sums nothing (the test only looks at files)."""
+
+    rank = 1
+    is_main = False
+
+    def __init__(self) -> None:
+        super().__init__(WORKERS)
+
+    def shards(self, batch: Any) -> list[tuple[Any, float]]:
+        return super().shards(batch)[1:]
+
+
+def test_only_rank_zero_writes_checkpoints_logs_and_the_lock(tmp_path):
+    out = tmp_path / "run"
+    trainer = Trainer(
+        MLP((5, 7, 2)),
+        backend="numpy",
+        callbacks=[
+            callbacks.ModelCheckpoint(out / "checkpoints", every_n_epochs=1),
+            callbacks.JSONLLogger(out / "metrics.jsonl"),
+            callbacks.CSVLogger(out / "metrics.csv"),
+        ],
+        config=TrainerConfig(epochs=2, batch_size=12, checkpoint_dir=str(out / "checkpoints")),
+        strategy=_SecondWorker(),
+    )
+    assert [type(c).__name__ for c in trainer.callbacks.callbacks] == ["ModelCheckpoint"]
+    trainer.fit(_data(), _data(20, seed=1))
+    assert not out.exists()  # no checkpoint, no log, no lock file
+
+
+@pytest.mark.parametrize("trap", [PerReplicaMeanLoss, ShardMapPmeanOnSum])
+def test_the_kit_fails_each_trap_and_passes_its_base(trap):
+    target = f"{__name__}:{trap.__name__}"
+    [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword="data_parallel")
+    assert result.status == "failed"
+    assert "2 workers vs 1 with the global batch" in result.reason
+    [good] = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
+    assert good.status == "passed", good.reason
+
+
+def test_the_launcher_names_a_killed_worker_and_stops_the_others():
+    program = (
+        "import os, signal, time\n"
+        "if os.environ['UNITRAIN_RANK'] == '1':\n"
+        "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(120)\n"
+    )
+    environment = "unitrain.backends._jax_distributed:worker_environment"  # imports no jax
+    command = [sys.executable, "-m", "unitrain._launch", "--workers=2"]
+    command += [f"--environment={environment}", "--", "-c", program]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "worker 1 of 2" in done.stderr and "SIGKILL" in done.stderr
+    assert time.monotonic() - started < 30  # worker 0 was stopped, not waited for
+
+
+_LOCAL_DEVICES = """
+import numpy as np
+from unitrain import Trainer, TrainerConfig, models
+from unitrain.backends.jax import LocalDevices
+generator = np.random.default_rng(0)
+x = generator.normal(size=(64, 6)).astype("float32")
+y = (x[:, 0] > 0).astype("int64")
+def run(strategy):
+    trainer = Trainer(models.MLP((6, 16, 2), activation="tanh"), backend="jax",
+                      config=TrainerConfig(epochs=2, batch_size=16, device="cpu"),
+                      strategy=strategy)
+    trainer.fit((x, y), (x, y))
+    return trainer
+two, one = run(LocalDevices(2)), run(None)
+inputs, _ = two.backend._arrays((x[:16], y[:16]))
+assert len(inputs.sharding.device_set) == 2, inputs.sharding
+a, b = two.backend.state_dict(), one.backend.state_dict()
+error = np.sqrt(sum(np.sum((a[k] - b[k]) ** 2.0) for k in b) / sum(np.sum(b[k] ** 2.0) for k in b))
+assert error < 1e-6, error  # float32 sums of two half-batches: measured 2.3e-8
+assert [h["step"] for h in two.history] == [h["step"] for h in one.history]
+print("ok", error)
+"""
+
+
+def test_jax_local_devices_split_each_batch_and_match_one_device():
+    pytest.importorskip("jax")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _LOCAL_DEVICES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")

@@ -1,0 +1,140 @@
+"""The reference optimizers against torch.optim and optax directly, on identical inputs.
+
+Every backend is held to :func:`unitrain.optim.apply_update`; this file holds that reference
+to the two libraries whose formulas it claims: the same float64 parameters, gradients and
+learning rates (changing at every update, which separates the conventions) go through
+``torch.optim.SGD / Adam / AdamW`` and through optax's own transforms (``trace``,
+``scale_by_adam``, ``add_decayed_weights``, with the learning rate applied per update as
+``optax.sgd`` and ``optax.adamw`` apply it), and the parameters after 40 updates must agree
+to float64 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unitrain import optim
+
+STEPS = 40
+SHAPES = {"w": (5, 3), "b": (3,)}
+
+OPTIMIZERS = {
+    "sgd": optim.SGD(),
+    "sgd_weight_decay": optim.SGD(weight_decay=0.01),
+    "sgd_momentum": optim.SGD(momentum=0.9),
+    "sgd_nesterov_weight_decay": optim.SGD(momentum=0.8, nesterov=True, weight_decay=0.003),
+    "adam": optim.Adam(beta1=0.85, beta2=0.99, eps=1e-7),
+    "adam_weight_decay": optim.Adam(weight_decay=0.01),
+    "adamw": optim.AdamW(beta1=0.9, beta2=0.995, eps=1e-8, weight_decay=0.05),
+}
+
+
+def inputs(seed: int = 0) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]], list[float]]:
+    """Initial parameters, one gradient dict per update, and a learning rate per update."""
+    rng = np.random.default_rng(seed)
+    params = {k: rng.normal(size=s) for k, s in SHAPES.items()}
+    grads = [{k: rng.normal(0.0, 10.0 ** rng.uniform(-3, 0), s) for k, s in SHAPES.items()}]
+    grads += [{k: rng.normal(size=s) for k, s in SHAPES.items()} for _ in range(STEPS - 1)]
+    lrs = [float(v) for v in 10.0 ** rng.uniform(-3, -1, STEPS)]
+    return params, grads, lrs
+
+
+def reference(spec: optim.Optimizer) -> dict[str, np.ndarray]:
+    params, grads, lrs = inputs()
+    params = {k: v.copy() for k, v in params.items()}
+    state = optim.init_state(spec, params)
+    for g, lr in zip(grads, lrs):
+        optim.apply_update(spec, params, g, state, lr)
+    return params
+
+
+def with_torch(spec: optim.Optimizer) -> dict[str, np.ndarray]:
+    torch = pytest.importorskip("torch")
+    params, grads, lrs = inputs()
+    tensors = {
+        k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()
+    }
+    kind: Any
+    if isinstance(spec, optim.Adam):
+        kind = torch.optim.AdamW if isinstance(spec, optim.AdamW) else torch.optim.Adam
+        settings: dict[str, Any] = {"betas": (spec.beta1, spec.beta2), "eps": spec.eps}
+    else:
+        kind = torch.optim.SGD
+        settings = {"momentum": spec.momentum, "nesterov": spec.nesterov}
+    # foreach=False: the plain per-tensor loop, torch's formulas as written.
+    optimizer = kind(
+        tensors.values(), lr=0.0, weight_decay=spec.weight_decay, foreach=False, **settings
+    )
+    for g, lr in zip(grads, lrs):
+        for name, tensor in tensors.items():
+            tensor.grad = torch.tensor(g[name], dtype=torch.float64)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    return {k: v.detach().numpy() for k, v in tensors.items()}
+
+
+def with_optax(spec: optim.Optimizer) -> dict[str, np.ndarray]:
+    pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    import jax
+    import jax.numpy as jnp
+
+    params, grads, lrs = inputs()
+    with jax.enable_x64(True):  # float64 here only, not for the rest of the process
+        p = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
+        if isinstance(spec, optim.AdamW):  # optax.adamw: -lr * (adam direction + wd * p)
+            chain = [optax.scale_by_adam(spec.beta1, spec.beta2, spec.eps)]
+            chain.append(optax.add_decayed_weights(spec.weight_decay))
+        elif isinstance(spec, optim.Adam):  # L2: the decay joins the gradient first
+            chain = [optax.add_decayed_weights(spec.weight_decay)]
+            chain.append(optax.scale_by_adam(spec.beta1, spec.beta2, spec.eps))
+        else:  # optax.sgd: trace (b = g + mu b), then -lr
+            chain = [optax.add_decayed_weights(spec.weight_decay)]
+            chain.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
+        transform = optax.chain(*chain)
+        state = transform.init(p)
+        for g, lr in zip(grads, lrs):
+            updates, state = transform.update({k: jnp.asarray(v) for k, v in g.items()}, state, p)
+            p = optax.apply_updates(p, jax.tree_util.tree_map(lambda u, lr=lr: -lr * u, updates))
+        return {k: np.asarray(v, np.float64) for k, v in p.items()}
+
+
+ORACLES: dict[str, Callable[[optim.Optimizer], dict[str, np.ndarray]]] = {
+    "torch.optim": with_torch,
+    "optax": with_optax,
+}
+
+
+@pytest.mark.parametrize("oracle", list(ORACLES))
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_reference_matches_torch_optim_and_optax(name: str, oracle: str) -> None:
+    spec = OPTIMIZERS[name]
+    want = ORACLES[oracle](spec)
+    got = reference(spec)
+    start, _, _ = inputs()
+    for key in SHAPES:
+        moved = np.linalg.norm(want[key] - start[key])
+        assert moved > 1e-3, f"{oracle} hardly moved {key}: the comparison would be vacuous"
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-11, atol=1e-13 * moved)
+
+
+def test_the_conventions_are_told_apart() -> None:
+    """The comparison can fail: Keras-style momentum (the LR inside the buffer) and AdamW's
+    decay coupled into the gradient both differ from the oracles by far more than the bar."""
+    params, grads, lrs = inputs()
+    keras = {k: v.copy() for k, v in params.items()}
+    buffers = {k: np.zeros_like(v) for k, v in params.items()}
+    for g, lr in zip(grads, lrs):
+        for k in keras:
+            buffers[k] = 0.9 * buffers[k] - lr * g[k]
+            keras[k] = keras[k] + buffers[k]
+    heavy_ball = reference(optim.SGD(momentum=0.9))
+    assert np.max(np.abs(keras["w"] - heavy_ball["w"])) > 1e-3
+    coupled = reference(optim.Adam(beta1=0.9, beta2=0.995, eps=1e-8, weight_decay=0.05))
+    decoupled = reference(OPTIMIZERS["adamw"])
+    assert np.max(np.abs(coupled["w"] - decoupled["w"])) > 1e-4

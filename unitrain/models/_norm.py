@@ -1,0 +1,102 @@
+"""Normalisation layers, with the conventions pinned where frameworks differ."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from unitrain.models._base import AbstractLayer, Shape, check_float, check_int, set_checked
+
+__all__ = ["BatchNorm", "LayerNorm"]
+
+
+def _check_eps(owner: str, eps: object) -> float:
+    return check_float(owner, "eps", eps, low=0.0, low_open=True, rule="a finite float > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNorm(AbstractLayer, type_name="batch_norm"):
+    """Normalise each channel (the last axis) over the batch and every other axis.
+
+    PyTorch's convention, pinned for every backend: in train mode the batch is normalised
+    with its biased variance, and the running statistics move by ``momentum`` towards the
+    batch's mean and *unbiased* variance (``M / (M - 1)`` times the biased one, ``M`` values
+    per channel). Keras' ``momentum=0.9`` is this ``momentum=0.1``, and Keras keeps the biased
+    variance. Evaluation normalises with the running statistics and changes nothing.
+
+    Parameters ``weight`` (ones) and ``bias`` (zeros); state ``running_mean`` (zeros) and
+    ``running_var`` (ones), in the parameter dtype.
+
+    Args:
+        num_features: channels (the size of the last axis).
+        momentum: weight of the new batch in the running statistics, in (0, 1].
+        eps: added to the variance before the square root.
+    """
+
+    num_features: int
+    momentum: float = 0.1
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        set_checked(self, "num_features", check_int("BatchNorm", "num_features", self.num_features))
+        momentum = check_float(
+            "BatchNorm",
+            "momentum",
+            self.momentum,
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            high_open=False,
+            rule="in (0, 1]",
+        )
+        set_checked(self, "momentum", momentum)
+        set_checked(self, "eps", _check_eps("BatchNorm", self.eps))
+
+    def own_param_shapes(self) -> dict[str, Shape]:
+        return {"weight": (self.num_features,), "bias": (self.num_features,)}
+
+    def own_state_shapes(self) -> dict[str, Shape]:
+        return {"running_mean": (self.num_features,), "running_var": (self.num_features,)}
+
+    def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}
+
+    def _init_own_state(self) -> dict[str, np.ndarray]:
+        return {
+            "running_mean": np.zeros(self.num_features),
+            "running_var": np.ones(self.num_features),
+        }
+
+    def _output_shape(self, shape: Shape) -> Shape:
+        if not shape or shape[-1] != self.num_features:
+            raise self._refuse(shape, f"(..., {self.num_features})")
+        return shape
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNorm(AbstractLayer, type_name="layer_norm"):
+    """Normalise each position over its last axis: ``(x - mean) * rsqrt(var + eps) * w + b``.
+
+    ``eps`` defaults to torch's 1e-5 (Keras uses 1e-3) and sits inside the square root
+    (``1 / (std + eps)`` differs by up to 8e-2 for rows of small spread). The variance is the
+    biased one.
+    """
+
+    num_features: int
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        set_checked(self, "num_features", check_int("LayerNorm", "num_features", self.num_features))
+        set_checked(self, "eps", _check_eps("LayerNorm", self.eps))
+
+    def own_param_shapes(self) -> dict[str, Shape]:
+        return {"weight": (self.num_features,), "bias": (self.num_features,)}
+
+    def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}
+
+    def _output_shape(self, shape: Shape) -> Shape:
+        if not shape or shape[-1] != self.num_features:
+            raise self._refuse(shape, f"(..., {self.num_features})")
+        return shape

@@ -1,0 +1,42 @@
+"""The default recipe: an MLP on the digits, one epoch of warmup then cosine decay, early stop.
+
+``unitrain train`` runs it when no recipe is named (``unitrain train digits`` names it).
+Written as any recipe file is: ``recipe()`` returns a :class:`unitrain.recipe.Recipe`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from unitrain import callbacks, optim, schedules
+from unitrain.config import TrainerConfig
+from unitrain.models import MLP
+from unitrain.recipe import Recipe
+from unitrain.recipes import Digits
+
+
+def recipe(config: TrainerConfig | None = None) -> Recipe:
+    """MLP 64-128-10 (ReLU), SGD momentum 0.9, batch 32, 10 epochs, checkpoint every epoch.
+
+    Given a config (``--set config.epochs=3``), the schedule is sized to its epochs.
+    """
+    data = Digits()
+    config = config or TrainerConfig(epochs=10, batch_size=32, log_every_n_steps=12)
+    steps_per_epoch = math.ceil(data.train_size / config.batch_size)
+    decay_steps = max(steps_per_epoch * (config.epochs - 1), 1)  # the epochs after the warmup
+    return Recipe(
+        name="digits",
+        model=MLP((64, 128, 10)),
+        data=data,
+        optimizer=optim.SGD(momentum=0.9),
+        schedule=schedules.Warmup(
+            schedules.CosineDecay(0.1, decay_steps=decay_steps, min_lr=1e-3),
+            warmup_steps=steps_per_epoch,
+        ),
+        callbacks=[
+            callbacks.EarlyStopping("val_loss", patience=3),
+            callbacks.ModelCheckpoint(every_n_epochs=1, keep_last=3),
+        ],
+        config=config,
+        metrics=["accuracy"],
+    )

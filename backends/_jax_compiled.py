@@ -1,7 +1,8 @@
 """The jitted pure functions of the JAX backend, built once per configuration and shared.
 
 Only what changes the program is static: the model, the loss, the optimizer description, the
-matmul precision, whether gradients are clipped and how a non-finite update is skipped.
+matmul precision, the compute dtype and loss-scaling rule of mixed precision, whether
+gradients are clipped and how a non-finite update is skipped.
 Everything that may change between calls is a traced argument — the learning rate, the
 gradient scale, the update counter and micro-batch index of the dropout key, and the
 :class:`Settings` (seed, clip norm) — so none of them recompiles, and backends that differ
@@ -22,9 +23,19 @@ import numpy as np
 from unitrain import optim
 from unitrain.backends._jax_model import dropout_key, loss_function, portable_apply
 from unitrain.backends._jax_optim import build_optimizer, guarded_update
+from unitrain.backends._jax_precision import (
+    MATMUL_ALGORITHMS,
+    advance_scaler,
+    cast_floats,
+    initial_exponent,
+    scale_of,
+)
+from unitrain.precision import LossScaler
 
 __all__ = [
     "APPLIED",
+    "GOOD_STEPS",
+    "SCALE_EXPONENT",
     "SKIPPED",
     "DeviceState",
     "Functions",
@@ -41,23 +52,27 @@ class DeviceState(NamedTuple):
     The counters share one array (each leaf of the donated state costs ~0.7 µs per call):
     ``[APPLIED]`` updates applied (the dropout key's step), ``[SKIPPED]`` updates skipped
     for a non-finite gradient, ``[CURSOR]`` the next slot of ``losses`` that ``train_step``
-    writes (see :mod:`._jax_losslog`). ``model_state`` is the model's non-trainable state
-    (an empty dict for a model without any).
+    writes (see :mod:`._jax_losslog`), and under ``"16-mixed"`` the loss scaler's state:
+    ``[SCALE_EXPONENT]`` ``log2`` of the scale, ``[GOOD_STEPS]`` consecutive finite updates.
+    ``model_state`` is the model's non-trainable state (an empty dict for a model without any).
     """
 
     params: Any
     model_state: Any
     opt_state: Any
-    counters: jax.Array  # int32[3]
+    counters: jax.Array  # int32[5]
     losses: jax.Array  # float32[losslog.SIZE]
 
 
-APPLIED, SKIPPED, CURSOR = 0, 1, 2
+APPLIED, SKIPPED, CURSOR, SCALE_EXPONENT, GOOD_STEPS = 0, 1, 2, 3, 4
 
 
-def initial_counters() -> np.ndarray:
+def initial_counters(scaler: LossScaler | None = None) -> np.ndarray:
     """The ``counters`` leaf of a new :class:`DeviceState`, on the host."""
-    return np.zeros(CURSOR + 1, np.int32)
+    counters = np.zeros(GOOD_STEPS + 1, np.int32)
+    if scaler is not None:
+        counters[SCALE_EXPONENT] = initial_exponent(scaler)
+    return counters
 
 
 class Settings(NamedTuple):
@@ -98,18 +113,23 @@ def build_functions(
     precision: str | None = None,
     clipping: bool = True,
     branch: bool = False,
+    compute_dtype: str | None = None,
+    scaler: LossScaler | None = None,
 ) -> Functions:
     """Jit the pure functions for ``model``: a portable description or a native stateful apply.
 
     Donation: every update donates the :class:`DeviceState` it replaces, and ``accumulate``
     donates the gradient buffers it adds into, so XLA updates them in place.
 
-    ``precision`` (``"highest"`` in deterministic mode) is the matmul precision of every
-    function. It is applied while tracing, so it is baked into the compiled programs: no call
-    pays for entering a config context, and the caller's own setting cannot change them.
+    ``precision`` (a ``matmul_precision`` name) is the matmul precision of every function,
+    None leaving JAX's default. It is applied while tracing, so it is baked into the compiled
+    programs: no call pays for entering a config context, and the caller's own setting
+    cannot change them.
     ``clipping=False`` leaves gradient clipping out (the bound in :class:`Settings` is then
     unused); ``branch`` picks how a non-finite update is skipped (see
-    :func:`~._jax_optim.guarded_update`).
+    :func:`~._jax_optim.guarded_update`). ``compute_dtype`` (``"bfloat16"``, ``"float16"``)
+    computes forward and backward in that dtype over float32 master weights, and ``scaler``
+    adds dynamic loss scaling (see :mod:`._jax_precision`).
     """
     apply = model if callable(model) else portable_apply(model)
     loss_fn, classification = loss_function(loss)
@@ -119,10 +139,11 @@ def build_functions(
     def jit(fn: Any, **options: Any) -> Any:
         if precision is None:
             return jax.jit(fn, **options)
+        algorithm = MATMUL_ALGORITHMS[precision]
 
         @functools.wraps(fn)
         def traced(*args: Any) -> Any:
-            with jax.default_matmul_precision(precision):
+            with jax.default_matmul_precision(algorithm):
                 return fn(*args)
 
         return jax.jit(traced, **options)
@@ -132,10 +153,23 @@ def build_functions(
     ) -> tuple[Any, Any]:
         """``(loss, new model state)``: the state is the auxiliary output of the gradient."""
         key = dropout_key(cfg.seed, step, micro)
-        outputs, model_state = apply(params, model_state, x, train=True, rng=key)
-        return loss_fn(outputs, y), model_state
+        if compute_dtype is None:
+            outputs, new_state = apply(params, model_state, x, train=True, rng=key)
+            return loss_fn(outputs, y), new_state
+        params, x = cast_floats((params, x), compute_dtype)
+        outputs, new_state = apply(params, model_state, x, train=True, rng=key)
+        # Model state (BatchNorm statistics) stays in its float32 master dtype, as parameters do.
+        new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
+        return loss_fn(outputs.astype(jnp.float32), y), new_state
+
+    def loss_scale(counters: Any) -> Any:
+        """What the loss is multiplied by before differentiation: 1 unless scaling."""
+        return jnp.float32(1.0) if scaler is None else scale_of(counters[SCALE_EXPONENT])
 
     def update(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
+        if scaler is not None:  # unscale (exact: a power of two) before clipping
+            inverse = 1.0 / loss_scale(state.counters)
+            grads = jax.tree.map(lambda g: g * inverse, grads)
         params, opt_state, finite = guarded_update(
             optimizer_at,
             state.params,
@@ -145,16 +179,26 @@ def build_functions(
             cfg.clip_norm if clipping else None,
             branch=branch,
         )
+        counters = state.counters
+        if scaler is not None:
+            exponent, good = advance_scaler(
+                scaler, counters[SCALE_EXPONENT], counters[GOOD_STEPS], finite
+            )
+            counters = counters.at[SCALE_EXPONENT].set(exponent).at[GOOD_STEPS].set(good)
         finite = finite.astype(jnp.int32)
-        counters = state.counters + jnp.stack([finite, 1 - finite, jnp.int32(0)])
+        zero = jnp.int32(0)
+        counters = counters + jnp.stack([finite, 1 - finite, zero, zero, zero])
         return DeviceState(params, state.model_state, opt_state, counters, state.losses)
 
     def fused(state: DeviceState, x: Any, y: Any, lr: Any, cfg: Settings) -> tuple[Any, Any]:
         # micro_batch 0: the fused path only runs with no forward pending.
-        step = state.counters[APPLIED]
-        (loss, model_state), grads = jax.value_and_grad(train_loss, has_aux=True)(
-            state.params, state.model_state, x, y, cfg, step, 0
-        )
+        step, scale = state.counters[APPLIED], loss_scale(state.counters)
+
+        def objective(params: Any) -> tuple[Any, Any]:
+            loss, model_state = train_loss(params, state.model_state, x, y, cfg, step, 0)
+            return (loss if scaler is None else loss * scale), (loss, model_state)
+
+        (_, (loss, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
         return update(state._replace(model_state=model_state), grads, lr, cfg), loss
 
     def forward(
@@ -167,13 +211,13 @@ def build_functions(
             lambda p: train_loss(p, model_state, x, y, cfg, step, micro), params, has_aux=True
         )
 
-    def backward(vjp: Any, scale: Any) -> Any:
+    def backward(vjp: Any, scale: Any, counters: Any) -> Any:
         counts["backward"] += 1
-        return vjp(scale)[0]
+        return vjp(scale * loss_scale(counters))[0]
 
-    def accumulate(vjp: Any, grads: Any, scale: Any) -> Any:
+    def accumulate(vjp: Any, grads: Any, scale: Any, counters: Any) -> Any:
         counts["accumulate"] += 1
-        return jax.tree.map(jnp.add, grads, vjp(scale)[0])
+        return jax.tree.map(jnp.add, grads, vjp(scale * loss_scale(counters))[0])
 
     def step(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
         counts["step"] += 1
@@ -202,9 +246,16 @@ def build_functions(
 
         return jax.lax.scan(body, state, (indices, lrs))
 
+    def predict(params: Any, model_state: Any, x: Any) -> Any:
+        """Eval-mode outputs (in the compute dtype under mixed precision, read as float32)."""
+        if compute_dtype is not None:
+            params, x = cast_floats((params, x), compute_dtype)
+        outputs, _ = apply(params, model_state, x, train=False, rng=None)  # state unchanged
+        return outputs.astype(jnp.float32)
+
     def evaluate(params: Any, model_state: Any, x: Any, y: Any) -> dict[str, Any]:
         counts["evaluate"] += 1
-        outputs, _ = apply(params, model_state, x, train=False, rng=None)  # state unchanged
+        outputs = predict(params, model_state, x)
         metrics = {"loss": loss_fn(outputs, y)}
         if classification:
             metrics["accuracy"] = jnp.mean(jnp.argmax(outputs, axis=-1) == y, dtype=jnp.float32)
@@ -221,7 +272,7 @@ def build_functions(
         train_steps=jit(train_steps, donate_argnums=0),
         train_steps_on_device=jit(train_steps_on_device, donate_argnums=0),
         evaluate=jit(evaluate),
-        predict=jit(lambda params, state, x: apply(params, state, x, train=False, rng=None)[0]),
+        predict=jit(predict),
     )
 
 

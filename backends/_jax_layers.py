@@ -139,7 +139,8 @@ def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
             unbiased = var * (count / (count - 1))  # torch's running variance
             p.new_state[var_name] = (1 - m) * p.state[var_name] + m * unbiased
         else:
-            mean, var = p.state[mean_name], p.state[var_name]
+            # The float32 statistics read in x's dtype (bfloat16/float16 under mixed precision).
+            mean, var = p.state[mean_name].astype(x.dtype), p.state[var_name].astype(x.dtype)
         xhat = (x - mean) * lax.rsqrt(var + spec.eps)
         return xhat * p.params[_name(prefix, "weight")] + p.params[_name(prefix, "bias")]
 

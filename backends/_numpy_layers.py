@@ -3,12 +3,14 @@
 Each layer of a :mod:`unitrain.models` description becomes a node. ``forward(x, run)``
 computes the output and keeps what the backward pass needs; ``backward(dy, run)`` adds the
 parameter gradients into ``run.grads`` and returns the input gradient. Everything is computed
-in the run's dtype (float32 or float64), and meant to be checked by reading it.
+in the run's dtype (float32 or float64), and meant to be checked by reading it. Under mixed
+precision a node computes as usual on operands the container has rounded (``Run.low``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +40,7 @@ from unitrain.models._base import as_pair
 
 __all__ = ["LEAVES", "Node", "Run"]
 
-_SQRT_2PI = np.sqrt(2.0 * np.pi)
+_SQRT_2, _SQRT_2PI = np.sqrt(2.0), np.sqrt(2.0 * np.pi)
 
 
 @dataclasses.dataclass
@@ -51,6 +53,8 @@ class Run:
         grads: gradient buffers by canonical name; backward adds into them.
         train: train mode (dropout on, batch statistics) or eval mode.
         dropout_seed: seeds the dropout masks of this pass; None when nothing drops.
+        rounding: under mixed precision, rounds a float32 array to the compute dtype (values
+            kept as float32); None computes in the run's dtype throughout.
     """
 
     params: dict[str, np.ndarray]
@@ -58,7 +62,15 @@ class Run:
     grads: dict[str, np.ndarray]
     train: bool
     dropout_seed: list[int] | None = None
+    rounding: Callable[[np.ndarray], np.ndarray] | None = None
     _rng: np.random.Generator | None = None
+
+    def low(self, a: Any) -> Any:
+        """``a`` rounded to the compute dtype; unchanged without mixed precision, and for
+        what is not a float array (token ids, an Embedding's absent input gradient)."""
+        if self.rounding is None or not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            return a
+        return self.rounding(a)
 
     def dropout_rng(self) -> np.random.Generator:
         """One generator per pass, drawn by the dropout layers in the order they run."""
@@ -250,12 +262,14 @@ class _SigmoidNode(_ActivationNode):
 
 
 class _GELUNode(_ActivationNode):
+    # The constants in z's dtype: a numpy float64 scalar would turn float32 arrays into
+    # float64 ones (NEP 50), and the float32 row would not be float32.
     def value(self, z: np.ndarray) -> np.ndarray:
-        return 0.5 * z * (1.0 + special.erf(z / np.sqrt(2.0)))  # the exact erf form
+        return 0.5 * z * (1.0 + special.erf(z / z.dtype.type(_SQRT_2)))  # the exact erf form
 
     def derivative(self, z: np.ndarray, a: np.ndarray) -> np.ndarray:
-        cdf = 0.5 * (1.0 + special.erf(z / np.sqrt(2.0)))
-        return cdf + z * np.exp(-0.5 * z * z) / _SQRT_2PI
+        cdf = 0.5 * (1.0 + special.erf(z / z.dtype.type(_SQRT_2)))
+        return cdf + z * np.exp(-0.5 * z * z) / z.dtype.type(_SQRT_2PI)
 
 
 class _SiLUNode(_ActivationNode):

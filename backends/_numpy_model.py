@@ -79,13 +79,16 @@ class _ChainNode(Node):
         self.nodes = nodes
 
     def forward(self, x: np.ndarray, run: Run) -> np.ndarray:
+        # Under mixed precision each layer's output is rounded to the compute dtype, as a
+        # low-precision kernel writes it; ``run.low`` is the identity otherwise.
         for node in self.nodes:
-            x = node.forward(x, run)
+            x = run.low(node.forward(x, run))
         return x
 
     def backward(self, dy: np.ndarray, run: Run) -> Any:
+        # ...and so is each gradient flowing back between layers.
         for node in reversed(self.nodes):
-            dy = node.backward(dy, run)
+            dy = run.low(node.backward(dy, run))
         return dy
 
 

@@ -53,7 +53,7 @@ _RNG_ALGORITHM = "philox"
 class _Pass:
     """What one forward pass reads: variables, mode, the dropout key and a counter."""
 
-    variables: dict[str, tf.Variable]
+    variables: dict[str, Any]
     training: bool
     key: Any
     drops: int = 0
@@ -148,12 +148,15 @@ def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
         if p.training:
             axes = list(range(len(x.shape) - 1))
             mean, var = _moments(x, axes)  # biased variance, to normalise
-            count = tf.cast(tf.size(x) // tf.shape(x)[-1], x.dtype)
-            m = tf.constant(spec.momentum, x.dtype)
-            running_mean.assign((1 - m) * running_mean + m * mean)
-            running_var.assign((1 - m) * running_var + m * var * count / (count - 1))
+            # The statistics move in the state's dtype: float32 also under mixed precision,
+            # where x is bfloat16/float16 (the casts are no-ops otherwise).
+            kept = running_mean.dtype
+            count = tf.cast(tf.size(x) // tf.shape(x)[-1], kept)
+            m = tf.constant(spec.momentum, kept)
+            running_mean.assign((1 - m) * running_mean + m * tf.cast(mean, kept))
+            running_var.assign((1 - m) * running_var + m * tf.cast(var, kept) * count / (count - 1))
         else:
-            mean, var = running_mean, running_var
+            mean, var = tf.cast(running_mean, x.dtype), tf.cast(running_var, x.dtype)
         out = _normalize(x, mean, var, spec.eps) * p.variables[_name(prefix, "weight")]
         return out + p.variables[_name(prefix, "bias")]
 
@@ -274,13 +277,20 @@ class TFPortable(tf.Module):
         params: initial parameters under canonical names (``spec.init_params(seed)``).
         state: initial state under canonical names (``spec.init_state()``).
         dtype: the parameter dtype.
+        compute_dtype: under mixed precision, the dtype the parameters are read in (the caller
+            casts the inputs); None computes in ``dtype``.
     """
 
     def __init__(
-        self, spec: AbstractLayer, params: dict[str, Any], state: dict[str, Any], dtype: tf.DType
+        self,
+        spec: AbstractLayer,
+        params: dict[str, Any],
+        state: dict[str, Any],
+        dtype: tf.DType,
+        compute_dtype: tf.DType | None = None,
     ) -> None:
         super().__init__(name="portable")
-        self.spec = spec
+        self.spec, self.compute_dtype = spec, compute_dtype
         self.params = {k: tf.Variable(v, dtype=dtype, name=k) for k, v in params.items()}
         self.state = {
             k: tf.Variable(v, dtype=dtype, trainable=False, name=k) for k, v in state.items()
@@ -298,4 +308,9 @@ class TFPortable(tf.Module):
     def __call__(self, x: tf.Tensor, training: bool = False, key: tf.Tensor | None = None) -> Any:
         """Outputs of ``x``; training mode moves BatchNorm statistics and, with a ``key``,
         drops values out."""
-        return self._network(x, _Pass(self.params | self.state, training, key))
+        params: dict[str, Any] = self.params
+        if self.compute_dtype is not None:
+            # The float32 master variables read in the compute dtype; their gradients come
+            # back in float32 through the cast. The state stays float32 (see BatchNorm).
+            params = {k: tf.cast(v, self.compute_dtype) for k, v in params.items()}
+        return self._network(x, _Pass(params | self.state, training, key))

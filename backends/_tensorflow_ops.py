@@ -91,7 +91,9 @@ class TFMLP(tf.Module):
         last = len(self.layers) - 1
         dropout = self.spec.dropout if training and key is not None else 0.0
         for i, layer in enumerate(self.layers):
-            x = tf.matmul(x, layer.weight) + layer.bias
+            # In the input's dtype: the float32 weights are cast under mixed precision (a
+            # no-op otherwise), and their gradients come back in float32 through the cast.
+            x = tf.matmul(x, tf.cast(layer.weight, x.dtype)) + tf.cast(layer.bias, x.dtype)
             if i == last:
                 break
             x = self.activation(x)

@@ -24,17 +24,18 @@ batch by index inside the compiled loop. Both equal k :meth:`JaxBackend.train_st
 bit for bit on CPU (tested).
 
 JAX runs in float32 here: this module never enables x64, which is process-wide and would
-change other code's arrays. Deterministic mode traces every jitted function under
-``jax.default_matmul_precision("highest")`` (no TF32 on GPU; baked into the compiled code,
-not a global switch) and, if JAX has not started its backends yet, adds
-``--xla_gpu_deterministic_ops=true`` to ``XLA_FLAGS``.
+change other code's arrays. Every jitted function is traced under the ``matmul_precision``
+asked for (``"highest"``, no TF32 on GPU, by default; baked into the compiled code, not a
+global switch; see :mod:`._jax_precision`, which also holds mixed precision). Deterministic
+mode, if JAX has not started its backends yet, adds ``--xla_gpu_deterministic_ops=true`` to
+``XLA_FLAGS``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -47,6 +48,8 @@ from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends import _jax_losslog as losslog
 from unitrain.backends._jax_compiled import (
     APPLIED,
+    GOOD_STEPS,
+    SCALE_EXPONENT,
     SKIPPED,
     DeviceState,
     functions,
@@ -67,7 +70,15 @@ from unitrain.backends._jax_model import (
     unflatten_params,
 )
 from unitrain.backends._jax_optim import export_slots, import_slots
+from unitrain.backends._jax_prefetch import prefetch
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.precision import (
+    GOOD_STEPS_KEY,
+    SCALE_KEY,
+    compute_dtype,
+    require_precision,
+    take_scaler_state,
+)
 from unitrain.state import check_state, split_state
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
@@ -92,6 +103,10 @@ class JaxBackend:
         fused_step=True,
         portable_layers=True,
         data_parallel=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed", "16-mixed"),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
     )
 
     @staticmethod
@@ -110,6 +125,10 @@ class JaxBackend:
         if options.deterministic and options.device != "cpu":
             _request_deterministic_gpu_ops()
         self.jax_device = _resolve_device(options.device)
+        require_precision(
+            self.name, self.capabilities.precisions[self.device], options.precision, self.device
+        )
+        self._scaled = options.precision == "16-mixed"
         self._placement: Any = self.jax_device  # a replicated sharding over LocalDevices
         self._batch_sharding: Any = None
         self.portable = _is_portable(model)
@@ -128,9 +147,11 @@ class JaxBackend:
             program,
             options.loss,
             options.optimizer,
-            precision="highest" if options.deterministic else None,
+            precision=options.matmul_precision,
             clipping=options.grad_clip_norm is not None,
             branch=self.jax_device.platform == "cpu",
+            compute_dtype=None if options.precision == "32" else compute_dtype(options.precision),
+            scaler=options.loss_scaler if self._scaled else None,
         )
         self._settings = self._put(settings(options.seed, options.grad_clip_norm))
         self.trace_counts = self._fn.trace_counts
@@ -144,7 +165,7 @@ class JaxBackend:
             params,
             model_state,
             self._put(self._fn.init_opt_state(params)),
-            self._put(initial_counters()),
+            self._put(initial_counters(options.loss_scaler if self._scaled else None)),
             self._fresh_losses(),
         )
         self._losses = losslog.LossLog(lambda: self._state.losses, self._fresh_losses)
@@ -171,6 +192,11 @@ class JaxBackend:
 
     def _fresh_losses(self) -> Any:
         return self._put(np.zeros(losslog.SIZE, np.float32))
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On an accelerator, each batch ``device_put`` while the previous one trains (see
+        :mod:`._jax_prefetch`); on the CPU, ``batches`` unchanged."""
+        return prefetch(batches, self.jax_device, self.classification)
 
     def _arrays(self, batch: Batch) -> tuple[Any, Any]:
         """The batch as float32 inputs and int32 class labels (x64 is off).
@@ -257,10 +283,11 @@ class JaxBackend:
                 "backward() needs a forward() first (each forward backs one backward)"
             )
         cotangent = np.float32(scale)  # d(scale * loss)/d(loss), pulled back through the VJP
+        counters = self._state.counters  # the loss scale, under "16-mixed"
         if self._grads is None:
-            self._grads = self._fn.backward(self._vjp, cotangent)
+            self._grads = self._fn.backward(self._vjp, cotangent, counters)
         else:
-            self._grads = self._fn.accumulate(self._vjp, self._grads, cotangent)
+            self._grads = self._fn.accumulate(self._vjp, self._grads, cotangent, counters)
         self._vjp = None
 
     def step(self, lr: float) -> None:
@@ -402,6 +429,11 @@ class JaxBackend:
         state = {f"model.{k}": np.array(params[k], np.float32) for k in self._names}
         state.update({f"model.{k}": np.array(model_state[k]) for k in self._state_names})
         state["optimizer.step"] = np.asarray(int(host.counters[APPLIED]), np.int64)
+        if self._scaled:
+            state[f"optimizer.{SCALE_KEY}"] = np.ldexp(
+                np.float32(1), host.counters[SCALE_EXPONENT]
+            ).astype(np.float32)
+            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.asarray(host.counters[GOOD_STEPS], np.int64)
         for name in self._names:
             for suffix, values in slots.items():
                 state[f"optimizer.{name}.{suffix}"] = np.array(values[name], np.float32)
@@ -412,6 +444,7 @@ class JaxBackend:
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         step = int(opt.pop("step"))
+        scaler = take_scaler_state(opt) if self._scaled else None
         if not 0 <= step < 2**31:
             raise ConfigError(f"optimizer.step must be in [0, 2**31) here, got {step}")
         device_array = lambda a: self._put(np.array(a, np.float32))  # noqa: E731
@@ -430,6 +463,9 @@ class JaxBackend:
         opt_state = self._put(import_slots(self._fn.init_opt_state(params), slots, step))
         counters = np.asarray(self._state.counters).copy()  # the skips and the log go on
         counters[APPLIED] = step
+        if scaler is not None:
+            counters[SCALE_EXPONENT] = int(np.frexp(scaler[0])[1]) - 1
+            counters[GOOD_STEPS] = int(scaler[1])
         self._state = DeviceState(
             params, model_state, opt_state, self._put(counters), self._state.losses
         )

@@ -4,12 +4,20 @@ It trains any :mod:`unitrain.models` architecture with hand-written backpropagat
 (:mod:`._numpy_layers`, :mod:`._numpy_model`) and the reference optimizer rules of
 :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
 checked by reading it.
+
+Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike:
+the parameters a pass reads, its input and every layer's output (and, backwards, every
+gradient flowing between layers and each parameter gradient of a pass) are rounded to the
+compute dtype, products are accumulated in float32, the loss is computed in float32, and the
+gradients land in float32 master buffers. ``"16-mixed"`` runs the loss scaler of
+:mod:`unitrain.precision`; a scaled gradient past float16's range rounds to inf there, as on
+the frameworks, and the update is skipped.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,9 +28,37 @@ from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._numpy_layers import Run
 from unitrain.backends._numpy_model import build
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.precision import (
+    GOOD_STEPS_KEY,
+    SCALE_KEY,
+    compute_dtype,
+    next_loss_scale,
+    require_precision,
+    take_scaler_state,
+)
 from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
+
+
+def _round_float16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+def _round_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    a = np.asarray(a, np.float32)
+    bits = a.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(a), a, rounded.view(np.float32))
+
+
+#: The rounding of each compute dtype; float32 needs none.
+_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
+    "float32": None,
+    "bfloat16": _round_bfloat16,
+    "float16": _round_float16,
+}
 
 
 class NumpyBackend:
@@ -30,7 +66,10 @@ class NumpyBackend:
 
     name = "numpy"
     capabilities = Capabilities(
-        devices=("cpu",), dtypes=("float32", "float64"), portable_layers=True
+        devices=("cpu",),
+        dtypes=("float32", "float64"),
+        portable_layers=True,
+        precisions={"cpu": ("32", "bf16-mixed", "16-mixed")},
     )
 
     @staticmethod
@@ -56,6 +95,15 @@ class NumpyBackend:
             )
         if options.loss not in ("cross_entropy", "mse"):
             raise ConfigError(f"unknown loss {options.loss!r}; choose 'cross_entropy' or 'mse'")
+        require_precision(self.name, self.capabilities.precisions["cpu"], options.precision, "cpu")
+        if options.precision != "32" and options.dtype != "float32":
+            raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
+        #: Rounds to the compute dtype under mixed precision; None in "32".
+        self._rounding = _ROUNDING[compute_dtype(options.precision)]
+        #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
+        self.scaler = (
+            options.loss_scaler.initial_state() if options.precision == "16-mixed" else None
+        )
         self.model, self.dtype = model, np.dtype(options.dtype)
         self.params = model.init_params(options.seed, self.dtype)
         self.model_state = model.init_state(self.dtype)
@@ -78,13 +126,24 @@ class NumpyBackend:
 
     # -- computation ---------------------------------------------------------------------
 
+    def _pass(self, train: bool, grads: dict[str, np.ndarray], **seed: Any) -> Run:
+        """The shared context of one forward or backward pass.
+
+        Under mixed precision it reads the parameters rounded to the compute dtype (float32
+        master copies stay untouched) and rounds what flows between layers.
+        """
+        if self._rounding is None:
+            return Run(self.params, self.model_state, grads, train=train, **seed)
+        low = {k: self._rounding(v) for k, v in self.params.items()}
+        return Run(low, self.model_state, grads, train=train, rounding=self._rounding, **seed)
+
     def _run(self, x: Any, train: bool) -> np.ndarray:
         """Forward pass; in train mode every node keeps what its backward needs."""
         self._input_check(x)
         x = np.asarray(x) if self._input_check.tokens else np.asarray(x, self.dtype)
         seed = [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
-        run = Run(self.params, self.model_state, self.grads, train=train, dropout_seed=seed)
-        return self._root.forward(x, run)
+        run = self._pass(train, self.grads, dropout_seed=seed)
+        return run.low(self._root.forward(run.low(x), run))
 
     def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
         """Return the mean loss and its gradient with respect to ``out``.
@@ -124,14 +183,34 @@ class NumpyBackend:
             self._backward(scale)
 
     def _backward(self, scale: float) -> None:
-        run = Run(self.params, self.model_state, self.grads, train=True)
-        self._root.backward(self._grad_out * self.dtype.type(scale), run)
+        if self._rounding is None:
+            run = self._pass(True, self.grads)
+            self._root.backward(self._grad_out * self.dtype.type(scale), run)
+            return
+        if self.scaler is not None:
+            scale = scale * float(self.scaler[0])  # a power of two: exact
+        # This pass's parameter gradients are rounded to the compute dtype, as a
+        # low-precision kernel writes them, before they are added to the float32 buffers.
+        grads = {k: np.zeros_like(v) for k, v in self.grads.items()}
+        run = self._pass(True, grads)
+        self._root.backward(run.low(self._grad_out * self.dtype.type(scale)), run)
+        for k, g in grads.items():
+            self.grads[k] += run.low(g)
 
     def step(self, lr: float) -> None:
         """Clip, check for non-finite gradients, apply the reference update, zero the grads."""
+        if self.scaler is not None:
+            for g in self.grads.values():
+                g *= np.float32(1.0) / self.scaler[0]  # unscale; exact, the scale is 2**k
         with np.errstate(all="ignore"):
             norm = optim.global_norm(self.grads)
-        if not np.isfinite(norm):
+        finite = bool(np.isfinite(norm))
+        if self.scaler is not None:
+            scale, good = next_loss_scale(
+                self.options.loss_scaler, *self.scaler, np.bool_(finite), np.where
+            )
+            self.scaler = np.float32(scale), np.int32(good)
+        if not finite:
             self._skipped += 1
         else:
             if self.options.grad_clip_norm is not None:
@@ -174,14 +253,18 @@ class NumpyBackend:
         """Copies of the parameters, model state and optimizer state under canonical names."""
         state = {f"model.{k}": v.copy() for k, v in (self.params | self.model_state).items()}
         state.update({f"optimizer.{k}": np.array(v) for k, v in self.opt_state.items()})
+        if self.scaler is not None:
+            state[f"optimizer.{SCALE_KEY}"] = np.array(self.scaler[0], np.float32)
+            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.array(self.scaler[1], np.int64)
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Replace parameters, model state and optimizer state; names and shapes must match."""
-        expected = {f"model.{k}": v for k, v in (self.params | self.model_state).items()}
-        expected.update({f"optimizer.{k}": v for k, v in self.opt_state.items()})
-        check_state(expected, state)
+        """Replace parameters, model state, optimizer state and the loss scaler's state;
+        names and shapes must match."""
+        check_state(self.state_dict(), state)
         model, opt = split_state(state)
+        if self.scaler is not None:
+            self.scaler = take_scaler_state(opt)
         self.params = {k: np.array(model[k], self.dtype) for k in self.params}
         self.model_state = {k: np.array(model[k], self.dtype) for k in self.model_state}
         self.opt_state = {

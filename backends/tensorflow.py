@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF import
@@ -50,7 +50,14 @@ from unitrain.backends._tensorflow_distributed import (
     launch_command,
 )
 from unitrain.backends._tensorflow_layers import TFPortable
+from unitrain.backends._tensorflow_precision import (
+    COMPUTE_DTYPES,
+    LossScale,
+    set_matmul_precision,
+)
+from unitrain.backends._tensorflow_prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
+from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
@@ -77,6 +84,10 @@ class TensorFlowBackend:
         bit_exact_resume=True,
         portable_layers=True,
         data_parallel=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed", "16-mixed"),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
     )
 
     @staticmethod
@@ -93,8 +104,19 @@ class TensorFlowBackend:
                 f"the tensorflow backend trains in {tuple(_DTYPES)}, got dtype={options.dtype!r}"
             )
         self.dtype = _DTYPES[options.dtype]
+        require_precision(
+            self.name, self.capabilities.precisions[self.device], options.precision, self.device
+        )
+        if options.precision != "32" and not isinstance(model, AbstractLayer):
+            raise ConfigError(
+                f"precision={options.precision!r} on the tensorflow backend casts portable "
+                "models only; give a Keras model its own dtype policy "
+                "(keras.mixed_precision.set_dtype_policy('mixed_bfloat16')) and precision='32'"
+            )
+        self._compute_dtype = COMPUTE_DTYPES.get(options.precision)
         if options.deterministic:
             _make_deterministic()
+        set_matmul_precision(options.matmul_precision)
         _seed_global_rngs(options.seed)
         with tf.device(self.device_name):
             if isinstance(model, MLP):
@@ -104,7 +126,7 @@ class TensorFlowBackend:
             elif isinstance(model, AbstractLayer):
                 numpy_dtype = self.dtype.as_numpy_dtype
                 params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
-                self.module = TFPortable(model, params, state, self.dtype)
+                self.module = TFPortable(model, params, state, self.dtype, self._compute_dtype)
                 self.variables = self.module.named_variables() | self.module.named_state()
             else:
                 self.module = model
@@ -123,6 +145,7 @@ class TensorFlowBackend:
             self.grad_buffers = [_zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+            self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = ops.loss_function(options.loss)
         self._dropout = isinstance(model, AbstractLayer) and model.drops_out
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
@@ -146,6 +169,11 @@ class TensorFlowBackend:
     def skipped_steps(self) -> int:
         """Updates skipped because a gradient was not finite (reads a device counter)."""
         return int(self.skipped_count.numpy())
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On a GPU, each batch copied while the previous one trains (see
+        :mod:`._tensorflow_prefetch`); on the CPU, ``batches`` unchanged."""
+        return prefetch(batches, self.device_name, self.dtype, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch
@@ -283,10 +311,21 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
+    def _compute_input(self, x: tf.Tensor) -> tf.Tensor:
+        """``x`` in the compute dtype under mixed precision; token ids stay integers."""
+        if self._compute_dtype is not None and x.dtype.is_floating:
+            return tf.cast(x, self._compute_dtype)
+        return x
+
+    def _eval_outputs(self, x: tf.Tensor) -> tf.Tensor:
+        """Eval-mode outputs in the parameter dtype (run eagerly)."""
+        out = self.module(self._compute_input(x), training=False)
+        return out if self._compute_dtype is None else tf.cast(out, self.dtype)
+
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
         x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
-        return np.asarray(self.module(x, training=False))
+        return np.asarray(self._eval_outputs(x))
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = tnp
@@ -294,13 +333,15 @@ class TensorFlowBackend:
     def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
         x, y = self._tensors(batch)
-        return self.module(x, training=False), y
+        return self._eval_outputs(x), y
 
     # -- compiled bodies (run only while tracing) ----------------------------------------------
 
     def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
+        x = self._compute_input(x)
         if isinstance(self.module, (ops.TFMLP, TFPortable)):
             out = self.module(x, training=training, key=key)
+            out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
         else:
             out = self.module(x, training=training)
         target = y if self.classification else tf.reshape(y, tf.shape(out))
@@ -316,7 +357,8 @@ class TensorFlowBackend:
         params = list(self.params.values())
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key)
-        grads = tape.gradient(loss, params)
+            scaled = self.loss_scale.scaled(loss)
+        grads = tape.gradient(scaled, params)
         # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
         # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the
         # update rules and the gradient buffers expect.
@@ -326,12 +368,14 @@ class TensorFlowBackend:
         ]
 
     def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
+        grads = self.loss_scale.unscaled(grads)
         clip = self.options.grad_clip_norm
         if clip is None:
             finite = ops.all_finite(grads)
         else:
             norm = ops.global_norm(grads)
             finite = tf.math.is_finite(norm)
+        self.loss_scale.advance(finite)
 
         def apply() -> None:
             clipped = grads
@@ -459,6 +503,7 @@ class TensorFlowBackend:
         for key, variable in self._optimizer_variables().items():
             state[f"optimizer.{key}"] = np.array(variable.numpy())
         state["optimizer.step"] = np.asarray(self.step_count.numpy(), np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -471,6 +516,7 @@ class TensorFlowBackend:
             for name, variable in self._optimizer_variables().items():
                 variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
             self.step_count.assign(int(opt["step"]))
+            self.loss_scale.load(opt)
         self._micro_batch, self._pending, self._accumulated = 0, None, False
 
     def rng_state(self) -> dict[str, Any]:
@@ -511,8 +557,8 @@ def _resolve_device(device: str) -> str:
 
 def _make_deterministic() -> None:
     # Process-wide switches, as torch.use_deterministic_algorithms is.
+    # Kernel choice only: TF32 is matmul_precision's to decide (_tensorflow_precision).
     tf.config.experimental.enable_op_determinism()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 def _seed_global_rngs(seed: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,14 @@ from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends._torch_kernels import build_optimizer, finite_check
 from unitrain.backends._torch_layers import build_portable
+from unitrain.backends._torch_precision import (
+    MixedPrecision,
+    cpu_float16_autocast,
+    set_matmul_precision,
+)
+from unitrain.backends._torch_prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
+from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend", "TorchMLP"]
@@ -100,6 +107,10 @@ class TorchBackend:
         fused_step=False,
         portable_layers=True,
         data_parallel=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed") + (("16-mixed",) if cpu_float16_autocast() else ()),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
     )
 
     @staticmethod
@@ -115,8 +126,14 @@ class TorchBackend:
                 f"the torch backend trains in {tuple(_DTYPES)}, got {options.dtype!r}"
             )
         self.dtype = _DTYPES[options.dtype]
+        device_kind = "gpu" if self.torch_device.type == "cuda" else "cpu"
+        require_precision(
+            self.name, self.capabilities.precisions[device_kind], options.precision, device_kind
+        )
         if options.deterministic:
             _make_deterministic(self.torch_device)
+        set_matmul_precision(options.matmul_precision)
+        self._mixed = MixedPrecision(options, self.torch_device)
         torch.manual_seed(options.seed)
         if isinstance(model, MLP):
             self.module: nn.Module = TorchMLP(model).to(self.dtype)
@@ -163,6 +180,11 @@ class TorchBackend:
         """Updates skipped because a gradient was not finite."""
         return self._skipped
 
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On CUDA, each batch pinned and copied on a side stream while the previous one
+        trains (see :mod:`._torch_prefetch`); on the CPU, ``batches`` unchanged."""
+        return prefetch(batches, self.torch_device, self.dtype, self.classification)
+
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
         if self._input_check is not None:
@@ -200,8 +222,9 @@ class TorchBackend:
         if generator is not None:
             seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
             generator.manual_seed(seed)
-        out = self._forward_module(x)
-        self._loss = self._compute_loss(out, y)
+        with self._mixed.autocast():
+            out = self._forward_module(x)
+            self._loss = self._compute_loss(out, y)
         self._micro_batch += 1
         return self._loss.detach()
 
@@ -224,13 +247,17 @@ class TorchBackend:
 
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""
+        scale = self._mixed.loss_multiplier(scale)
         (self._loss if scale == 1.0 else self._loss * scale).backward()
         self._loss = None
 
     def step(self, lr: float) -> None:
         """Clip, skip on non-finite gradients, update at ``lr``, zero the gradients."""
         grads = [p.grad for p in self.params.values() if p.grad is not None]
-        if grads and not self._gradients_finite(grads):
+        self._mixed.unscale(grads)
+        finite = not grads or self._gradients_finite(grads)
+        self._mixed.update(finite)
+        if not finite:
             self._skipped += 1
             self.optimizer.zero_grad()
             self._micro_batch = 0
@@ -299,7 +326,7 @@ class TorchBackend:
         """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""
         x, y = self._tensors(batch)
         self.module.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._mixed.autocast():
             out = self.module(x)
             metrics = {"loss": self._compute_loss(out, y)}
             if self.classification:
@@ -309,10 +336,10 @@ class TorchBackend:
 
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode, on the host."""
-        x = torch.as_tensor(np.asarray(inputs)).to(self.torch_device, self.dtype)
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))  # token ids stay ints
         self.module.eval()
-        with torch.no_grad():
-            return _to_numpy(self.module(x))
+        with torch.no_grad(), self._mixed.autocast():
+            return _to_numpy(self.module(x).to(self.dtype))
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = _ArrayOps
@@ -321,8 +348,8 @@ class TorchBackend:
         """Eval-mode outputs and the targets as tensors on the device, for metrics."""
         x, y = self._tensors(batch)
         self.module.eval()
-        with torch.no_grad():
-            return self.module(x), y
+        with torch.no_grad(), self._mixed.autocast():
+            return self.module(x).to(self.dtype), y
 
     # -- state -------------------------------------------------------------------------------
 
@@ -354,6 +381,7 @@ class TorchBackend:
             else:
                 state[f"optimizer.{key}"] = _to_numpy(tensor)
         state["optimizer.step"] = np.asarray(self._step, np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -366,6 +394,7 @@ class TorchBackend:
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         self._step = int(opt.pop("step"))
+        self._mixed.load(opt)
         with torch.no_grad():
             for name, tensor in self.tensors.items():
                 tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
@@ -434,12 +463,11 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _make_deterministic(device: torch.device) -> None:
+    # Kernel choice only: TF32 is matmul_precision's to decide (_torch_precision).
     torch.use_deterministic_algorithms(True)
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
 
 
 def _loss_function(loss: Any) -> tuple[Any, bool]:

@@ -10,7 +10,11 @@ CUDA GPU and no network. For each backend given (default: torch and jax):
    checkpoints must be bit-identical; the GPU checkpoint is then evaluated on the CPU by the
    numpy reference backend, which must find the GPU run's validation loss;
 3. the native BatchNorm CNN tests (tests/test_native_model_state.py) on the GPU: running
-   statistics checkpointed, SIGKILL + resume bit-identical, loaded back into the native model.
+   statistics checkpointed, SIGKILL + resume bit-identical, loaded back into the native model;
+4. speed (``benchmarks/gpu_bench.py``, unless ``--no-bench``): unitrain against native loops
+   at equal precision, and mixed precision against float32, for the torch and jax backends
+   given; ``bench.jsonl`` holds every line, the table the comparisons with issue 14's targets
+   (unitrain / native <= 1.03; bf16-mixed on W3 at least 2x float32 "highest").
 
 Writes ``summary.json`` and ``summary.md`` to the output directory and prints the table.
 Exits non-zero if anything failed.
@@ -154,11 +158,44 @@ def native_state(backends: list[str], device: str) -> dict:
     }
 
 
+def bench(backends: list[str], out: Path, device: str) -> dict:
+    """Run gpu_bench.py; the comparisons against issue 14's targets as the verdict."""
+    frameworks = [b for b in backends if b in ("torch", "jax")]
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), *frameworks],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DEV": device},
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    (out / "bench.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    verdicts = []
+    for row in (line for line in lines if "unitrain_over_native" in line):
+        ratio, speedup = row["unitrain_over_native"], row["speedup_over_float32_highest"]
+        label = f"{row['fw']} {row['workload']} {row['matmul_precision']}/{row['precision']}"
+        parts = (
+            []
+            if ratio is None
+            else [f"unitrain/native {ratio} ({'ok' if ratio <= 1.03 else 'over 1.03'})"]
+        )
+        if row["precision"] == "bf16-mixed" and row["workload"] == "W3" and speedup is not None:
+            parts.append(f"x{speedup} of float32 ({'ok' if speedup >= 2 else 'under 2x'})")
+        verdicts.append(f"{label}: {', '.join(parts) or f'x{speedup} of float32'}")
+    return {
+        "check": f"speed {device}",
+        "ok": done.returncode == 0,  # the targets are read from the verdict, not enforced
+        "verdict": "; ".join(verdicts) if verdicts else done.stderr.strip()[-500:],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("backends", nargs="*", default=["torch", "jax"])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
     parser.add_argument("--device", default="gpu", help="gpu; cpu tries the script here")
+    parser.add_argument("--no-bench", action="store_true", help="leave out the speed runs")
     args = parser.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -173,6 +210,8 @@ def main() -> int:
         except RuntimeError as error:
             rows.append({"check": f"resume {backend}", "ok": False, "verdict": str(error)})
     rows.append(native_state(args.backends, args.device))
+    if not args.no_bench:
+        rows.append(bench(args.backends, args.out, args.device))
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
     lines = ["| check | ok | verdict |", "|---|---|---|"]
     for row in rows:

@@ -42,6 +42,7 @@ FAMILIES = (
     "fused",
     "determinism",
     "devices",
+    "mixed_precision",
     "layers",
     "model_state",
     "data_parallel",

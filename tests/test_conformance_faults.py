@@ -24,6 +24,7 @@ import math
 from typing import Any, ClassVar
 
 import _faulty_backends as f
+import _faulty_precision as fp
 import numpy as np
 import pytest
 
@@ -352,6 +353,23 @@ FAULTS = {
         TensorFlowSamePadding,
         "layers::conv_stride2_pad1[cpu-float32]",
     ),
+    # mixed precision
+    "mixed precision ignored": (
+        fp.PrecisionIgnored,
+        "mixed_precision::gradients_bf16[cpu-float32]",
+    ),
+    "loss scale grows one update late": (
+        fp.ScaleGrowsOneLate,
+        "mixed_precision::loss_scale_trajectory[cpu-float32]",
+    ),
+    "gradients left scaled": (
+        fp.GradientsLeftScaled,
+        "mixed_precision::gradients_fp16[cpu-float32]",
+    ),
+    "loss scaler not restored": (
+        fp.ScalerNotRestored,
+        "mixed_precision::loss_scale_resume[cpu-float32]",
+    ),
 }
 
 #: The correct backends the faulty ones derive from; each fault's control is the nearest.
@@ -376,6 +394,9 @@ def test_the_kit_fails_the_faulty_backend(fault: str) -> None:
 
 def test_the_faults_cover_every_family() -> None:
     caught_by = {check_id.split("::")[0] for _, check_id in FAULTS.values()}
+    # data_parallel's seeded faults run in launched workers that import them by name: they
+    # are test_data_parallel's traps (the kit fails each, passes their base).
+    caught_by.add("data_parallel")
     assert len(FAULTS) >= 30
     assert caught_by == set(FAMILIES)
 

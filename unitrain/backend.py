@@ -9,12 +9,13 @@ floats only at logging points, so no call here forces a device-to-host sync per 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from unitrain.optim import Optimizer
+from unitrain.precision import LossScaler
 
 __all__ = [
     "Backend",
@@ -26,6 +27,7 @@ __all__ = [
     "FusedStep",
     "MultiStep",
     "Predict",
+    "Prefetch",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -52,6 +54,8 @@ class Capabilities:
             it offers ``launched_strategy()`` (the :class:`unitrain.strategy.Strategy` of
             the launcher that started the process, or None) and ``launch_command(workers)``
             (the launcher that starts ``workers`` local processes of a Python program).
+        precisions: the ``TrainerConfig.precision`` values it trains in on each device kind
+            (``{"cpu": ("32", "bf16-mixed")}``); a device not listed trains in ``"32"`` only.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -61,6 +65,13 @@ class Capabilities:
     portable_models: bool = True
     portable_layers: bool = False
     data_parallel: bool = False
+    precisions: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: {"cpu": ("32",)}
+    )
+
+    def supports_precision(self, precision: str, device: str) -> bool:
+        """Whether ``precision`` is declared for ``device`` (``"32"`` always is)."""
+        return precision == "32" or precision in self.precisions.get(device, ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +87,13 @@ class BackendOptions:
         device: ``"cpu"``, ``"gpu"`` or ``"auto"`` (a GPU when one is visible).
         seed: seeds initial weights of portable models and the dropout masks, which every
             backend derives from ``(seed, step, micro_batch)`` so a resumed run draws the same.
-        deterministic: pick deterministic kernels and full-precision matmuls (no TF32).
+        deterministic: pick deterministic kernels.
         dtype: parameter dtype.
+        matmul_precision: ``"highest"``, ``"high"`` or ``"medium"``: the framework's float32
+            matmul setting (see :mod:`unitrain.precision`).
+        precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        loss_scaler: the rule of ``"16-mixed"``; its state is ``optimizer.loss_scale`` and
+            ``optimizer.loss_scale_good_steps`` in the state dict.
     """
 
     loss: Any = "cross_entropy"
@@ -87,6 +103,9 @@ class BackendOptions:
     seed: int = 0
     deterministic: bool = False
     dtype: str = "float32"
+    matmul_precision: str = "highest"
+    precision: str = "32"
+    loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
 
 
 def _default_optimizer() -> Optimizer:
@@ -217,4 +236,19 @@ class DeviceData(Protocol):
 
     def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
         """Like ``train_steps`` on the batches gathered by ``indices`` (``k x batch``)."""
+        ...
+
+
+@runtime_checkable
+class Prefetch(Protocol):
+    """Optional: batches put on the device ahead of the step that uses them.
+
+    The Trainer passes each epoch's host batches through ``prefetch`` on its default path
+    (one update per batch). An implementation must not wait for the device (no host sync),
+    must yield the same batches in the same order, and may return ``batches`` unchanged
+    where copying ahead gains nothing (on a CPU).
+    """
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Yield ``batches`` as device-ready batches, the next one copying while one trains."""
         ...

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from unitrain._errors import ConfigError
+from unitrain.precision import LossScaler, check_matmul_precision, check_precision
 from unitrain.schedules import AbstractSchedule, Warmup
 
 __all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length"]
@@ -38,7 +39,14 @@ class TrainerConfig:
             micro-batches are weighted by size, so k batches of n equal one batch of k*n.
         grad_clip_norm: clip gradients to this global L2 norm (torch's formula), or None.
         seed: seeds weights, data order, dropout and the global RNGs.
-        deterministic: ask the backend for deterministic kernels and no TF32.
+        deterministic: ask the backend for deterministic kernels (same numbers run after
+            run); it no longer decides the matmul precision, ``matmul_precision`` does.
+        matmul_precision: ``"highest"`` (float32 matmuls in float32: the same numbers on every
+            backend), ``"high"`` (TF32 on NVIDIA GPUs) or ``"medium"`` (bfloat16 passes); see
+            :mod:`unitrain.precision`. No effect on a CPU.
+        precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (Lightning's names): float32
+            master weights and optimizer state, forward and backward in the low precision.
+        loss_scaler: the dynamic loss-scaling rule of ``"16-mixed"``.
         log_every_n_steps: how often running metrics are read back to the host.
         val_every_n_epochs: validate after every n-th epoch (and after the last).
         device: ``"cpu"``, ``"gpu"`` or ``"auto"``.
@@ -71,8 +79,23 @@ class TrainerConfig:
     checkpoint_dir: str | None = None
     steps_per_call: int = 1
     data_on_device: bool = False
+    matmul_precision: str = "highest"
+    precision: str = "32"
+    loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
 
     def __post_init__(self) -> None:
+        check_matmul_precision(self.matmul_precision)
+        check_precision(self.precision)
+        if not isinstance(self.loss_scaler, LossScaler):
+            raise ConfigError(
+                "TrainerConfig: loss_scaler must be a unitrain.precision.LossScaler, "
+                f"got {type(self.loss_scaler).__name__}"
+            )
+        if self.precision != "32" and self.dtype != "float32":
+            raise ConfigError(
+                f"TrainerConfig: precision={self.precision!r} keeps float32 master weights; "
+                f"it needs dtype='float32', got dtype={self.dtype!r}"
+            )
         _positive_int("epochs", self.epochs)
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accum_steps", self.grad_accum_steps)

@@ -31,6 +31,7 @@ from unitrain.backend import (
     FusedStep,
     MultiStep,
     Predict,
+    Prefetch,
 )
 from unitrain.callbacks._base import CallbackList
 from unitrain.callbacks.model_checkpoint import ModelCheckpoint
@@ -124,6 +125,9 @@ class Trainer:
                 seed=config.seed,
                 deterministic=config.deterministic,
                 dtype=config.dtype,
+                matmul_precision=config.matmul_precision,
+                precision=config.precision,
+                loss_scaler=config.loss_scaler,
             )
             self.backend = get_backend(backend)(model, options)
         self.strategy = strategy_for(self.backend, strategy)
@@ -353,7 +357,10 @@ class Trainer:
         one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
         one_batch_updates = one_batch_updates and not self._parallel
         if one_batch_updates and self._device_source is not source:
-            self._train_batches(source.batches(epoch, self.state.batch))
+            batches = source.batches(epoch, self.state.batch)
+            if isinstance(self.backend, Prefetch):
+                batches = self.backend.prefetch(batches)
+            self._train_batches(batches)
         else:
             for kind, payload, steps, batch_size in self._units(source, epoch):
                 if kind == "group":

@@ -12,6 +12,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     eval_mode,
     fused,
     layers,
+    mixed_precision,
     model_state,
     optimizers,
     resume,

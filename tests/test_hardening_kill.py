@@ -292,7 +292,8 @@ def test_five_sigkills_in_a_row_then_resume_is_bit_identical(backend, tmp_path, 
     # uninterrupted one, or run_trial fails; what is left to assert is that the kills
     # happened, and that some of them landed inside a checkpoint write (every second kill
     # is aimed there), which is the case the atomic writes exist for.
-    while totals["kills"] < 5 and totals["trials"] < 5:
+    # Up to ten trials: on a loaded machine a run can outpace its kill time more than once.
+    while totals["kills"] < 5 and totals["trials"] < 10:
         out = tmp_path / f"trial{totals['trials']}"
         report = run_trial(backend, out, references[backend], 5 - totals["kills"], rng)
         totals["trials"] += 1

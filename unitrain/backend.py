@@ -154,15 +154,23 @@ class Backend(Protocol):
         ...
 
     def evaluate(self, batch: Batch) -> Mapping[str, Any]:
-        """Return batch-mean ``loss`` (and ``accuracy`` when classifying), in eval mode."""
+        """Return batch-mean ``loss`` (and ``accuracy`` when classifying), in eval mode: the
+        model state (e.g. BatchNorm running statistics) is read and left unchanged."""
         ...
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Return parameters (``model.<name>``) and optimizer state (``optimizer.<name>``)."""
+        """Return parameters and model state (``model.<name>``) and optimizer state
+        (``optimizer.<name>``) as host arrays.
+
+        Model state is every non-trainable tensor of the model (BatchNorm running statistics,
+        counters): torch buffers, TensorFlow non-trainable variables, a JAX state pytree. It
+        is saved, restored and compared like the parameters, and has no optimizer slots.
+        """
         ...
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Replace parameters and optimizer state with ``state`` (as made by state_dict)."""
+        """Replace parameters, model state and optimizer state with ``state`` (as made by
+        state_dict); every key, shape and dtype must fit."""
         ...
 
     def rng_state(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unitrain._errors import ConfigError, DataError
+from unitrain._fields import check_fields
 
 __all__ = [
     "AbstractLayer",
@@ -272,25 +273,7 @@ def layer_from_dict(data: Mapping[str, Any]) -> AbstractLayer:
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"unknown model type {name!r}; known types: {known}")
     cls = _REGISTRY[name]
-    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    allowed = {f.name for f in fields}
-    required = {
-        f.name
-        for f in fields
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    given = set(data) - {"type"}
-    expected = ", ".join(f.name for f in fields)
-    if unknown := sorted(given - allowed):
-        raise ConfigError(
-            f"bad fields for model {name!r}: no field(s) {', '.join(unknown)}; "
-            f"its fields are: {expected}"
-        )
-    if missing := sorted(required - given):
-        raise ConfigError(
-            f"bad fields for model {name!r}: missing {', '.join(missing)}; "
-            f"its fields are: {expected}"
-        )
+    check_fields(cls, data, f"model type {name!r}")
     return cls(**{key: _from_plain(value) for key, value in data.items() if key != "type"})
 
 

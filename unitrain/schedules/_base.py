@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from unitrain._errors import ConfigError
+from unitrain._fields import check_fields
 
 __all__ = [
     "AbstractSchedule",
@@ -125,25 +126,7 @@ def from_dict(data: Mapping[str, Any]) -> AbstractSchedule:
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"from_dict: unknown schedule type {name!r}; known types: {known}")
     cls = _REGISTRY[name]
-    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    allowed = {f.name for f in fields}
-    required = {
-        f.name
-        for f in fields
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    given = set(data) - {"type"}
-    expected = ", ".join(f.name for f in fields)
-    if unknown := sorted(given - allowed):
-        raise ConfigError(
-            f"from_dict: schedule type {name!r} has no field(s) {', '.join(unknown)}; "
-            f"its fields are: {expected}"
-        )
-    if missing := sorted(required - given):
-        raise ConfigError(
-            f"from_dict: schedule type {name!r} is missing field(s) {', '.join(missing)}; "
-            f"its fields are: {expected}"
-        )
+    check_fields(cls, data, f"from_dict: schedule type {name!r}")
     kwargs = {key: _from_plain(value) for key, value in data.items() if key != "type"}
     return cls(**kwargs)
 

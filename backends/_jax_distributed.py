@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from unitrain._errors import ConfigError
-from unitrain.strategy import shard_bounds, slice_batch
+from unitrain.strategy import worker_shard
 
 __all__ = [
     "JaxDistributed",
@@ -106,11 +106,7 @@ class JaxDistributed:
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice; its loss weighted by its share, as the gradients are summed."""
-        size = len(batch[0])
-        start, stop = shard_bounds(size, self.world_size, self.rank)
-        if stop == start:
-            return []
-        return [(slice_batch(batch, start, stop), (stop - start) / size)]
+        return worker_shard(batch, self.world_size, self.rank)
 
     def sum_gradients(self, grads: Any) -> Any:
         """Every worker's gradients summed, on this worker's device (one jitted call)."""

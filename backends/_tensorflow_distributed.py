@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain.strategy import shard_bounds, slice_batch
+from unitrain.strategy import worker_shard
 
 __all__ = [
     "TensorFlowDistributed",
@@ -93,11 +93,7 @@ class TensorFlowDistributed:
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice; its loss scaled by its share of the global batch."""
-        size = len(batch[0])
-        start, stop = shard_bounds(size, self.world_size, self.rank)
-        if stop == start:
-            return []
-        return [(slice_batch(batch, start, stop), (stop - start) / size)]
+        return worker_shard(batch, self.world_size, self.rank)
 
     def _sum(self, vector: Any) -> Any:
         import tensorflow as tf

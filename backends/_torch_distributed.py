@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from unitrain._errors import ConfigError
-from unitrain.strategy import shard_bounds, slice_batch
+from unitrain.strategy import worker_shard
 
 __all__ = ["TorchDDP", "launch_command"]
 
@@ -100,11 +100,7 @@ class TorchDDP:
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice, its loss weighted so that DDP's average is the global mean."""
-        size = len(batch[0])
-        start, stop = shard_bounds(size, self.world_size, self.rank)
-        if stop == start:
-            return []
-        return [(slice_batch(batch, start, stop), (stop - start) * self.world_size / size)]
+        return worker_shard(batch, self.world_size, self.rank, scale=self.world_size)
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Sum host numbers over the workers in float64 (one all-reduce)."""

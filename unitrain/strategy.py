@@ -41,6 +41,7 @@ __all__ = [
     "shard_bounds",
     "strategy_for",
     "training_shards",
+    "worker_shard",
 ]
 
 Batch = tuple[Any, Any]
@@ -105,6 +106,24 @@ def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
     return batch[0][start:stop], batch[1][start:stop]
 
 
+def worker_shard(
+    batch: Batch, world_size: int, rank: int, scale: float = 1.0
+) -> list[tuple[Batch, float]]:
+    """Worker ``rank``'s slice of a global batch, its loss weighted by its share of the batch
+    times ``scale`` (an engine that averages gradients over workers, such as DDP, passes the
+    worker count); empty when the batch leaves this worker no example.
+
+    Examples:
+        >>> [weight for _, weight in worker_shard(([1, 2, 3, 4], [0, 0, 1, 1]), 2, 1)]
+        [0.5]
+    """
+    size = len(batch[0])
+    start, stop = shard_bounds(size, world_size, rank)
+    if stop == start:
+        return []
+    return [(slice_batch(batch, start, stop), (stop - start) * scale / size)]
+
+
 class SingleProcess:
     """One worker: the whole batch with weight 1, nothing to reduce. The default."""
 
@@ -156,9 +175,11 @@ class SimulatedWorkers:
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """Every worker's slice, weighted by its share of the batch (empty slices dropped)."""
-        size = len(batch[0])
-        bounds = [shard_bounds(size, self.world_size, r) for r in range(self.world_size)]
-        return [(slice_batch(batch, a, b), (b - a) / size) for a, b in bounds if b > a]
+        return [
+            shard
+            for rank in range(self.world_size)
+            for shard in worker_shard(batch, self.world_size, rank)
+        ]
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """The values themselves: this process already computed every worker's share."""

@@ -120,7 +120,7 @@ def _agree(
 
 
 def finite_check(device: torch.device, dtype: torch.dtype) -> Any:
-    """``check(grads) -> bool tensor``: whether every gradient is finite, for this device/dtype.
+    """``check(grads) -> bool``: whether every gradient is finite, for this device/dtype.
 
     GradScaler's fused kernel (``_amp_foreach_non_finite_check_and_unscale_``, one pass,
     multiplying by an exact 1.0) is about ten times cheaper than a norm on small models, but
@@ -148,13 +148,13 @@ def _amp_check(device: torch.device) -> Any:
     found = torch.zeros(1, device=device)
     one = torch.ones(1, device=device)
 
-    def check(grads: list[torch.Tensor]) -> torch.Tensor:
+    def check(grads: list[torch.Tensor]) -> bool:
         found.zero_()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-        return found == 0
+        return not bool(found)  # the one read of the flag: no comparison tensor per step
 
     return check
 
 
-def _max_abs_check(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.isfinite(torch.stack(torch._foreach_norm(grads, ord=float("inf")))).all()
+def _max_abs_check(grads: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads, ord=float("inf")))).all())

@@ -281,7 +281,7 @@ class TorchBackend:
         """
         clip = self.options.grad_clip_norm
         if clip is None:
-            return bool(self._all_finite(grads))
+            return self._all_finite(grads)
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         if not bool(torch.isfinite(norm)):
             return False

@@ -67,7 +67,8 @@ CNN = Sequential(
         Linear(4, 3),
     ]
 )
-#: Queries and keys of the same shape: swapped on save they load and differ only causally.
+#: The query, key and value projections share one shape, so weights saved under each other's
+#: names (a packed ``in_proj`` split in the wrong order) load, and only their numbers differ.
 TRANSFORMER = Sequential(
     [
         Embedding(11, 8),
@@ -78,7 +79,7 @@ TRANSFORMER = Sequential(
     ]
 )
 #: Momentum buffers are optimizer state that must move too. Not Adam: a conv bias before
-#: BatchNorm and the attention key bias have zero gradient in theory (1e-8 noise in
+#: BatchNorm and the attention key bias have zero gradient in theory (rounding noise in
 #: practice), which Adam would turn into full-size updates that differ between backends.
 OPTIMIZER = optim.SGD(momentum=0.9)
 LEARNING_RATE = 0.05
@@ -185,7 +186,8 @@ def _run(
     if not found:
         ctx.skip(f"no other installed backend builds portable layers in {ctx.dtype}")
     data = batches(ctx)
-    # Another seed than the peers': a reader agrees with its writer only through the file.
+    # Seeds 0 and 7: each reader starts from other weights than its writer's, so it can
+    # agree with the writer only through the checkpoint.
     ours = _Party(ctx.backend.name, ctx.make(model, optimizer=OPTIMIZER, seed=0))
     failures = []
     for name, cls in found:

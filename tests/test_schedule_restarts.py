@@ -22,29 +22,43 @@ def _exact_value(first_period: int, mult: Fraction, step: int, lr_mult: float = 
     return lr_mult**cycle * _half_cosine(float((step - start) / length))
 
 
-@pytest.mark.parametrize("mult", ["1.05", "1.1", "1.2", "1.5", "2.5"])
+def _assert_exact_around(schedule: CosineRestarts, exact_mult: Fraction, start: Fraction) -> None:
+    """The step before a cycle start, the first step at or after it and the next one."""
+    for step in range(max(math.ceil(start) - 1, 0), math.ceil(start) + 2):
+        want = _exact_value(schedule.first_period, exact_mult, step)
+        got = schedule(step)
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15), (schedule, step, got, want)
+
+
+@pytest.mark.parametrize("mult", ["1.01", "1.05", "1.1", "1.2", "1.5", "2.5"])
 def test_cycles_start_where_exact_arithmetic_says(mult: str) -> None:
     # Decimal growth factors put many cycle starts on whole steps (43 steps at 1.1: a second
     # cycle at 43; 5 steps at 1.2: a third at 11), where the float start formula lands an ulp
-    # late. Every step next to a start of the first six cycles is checked: the one before
-    # ends the old cycle, the start itself is a restart. Six cycles keep the exact starts'
-    # denominators small (at most 20**6), so no true start is within rounding of a whole step
-    # without being on it.
+    # late. Around every start of the first six cycles, the step before ends the old cycle
+    # and the start itself is a restart. Six cycles keep the exact starts' denominators
+    # small (at most 100**4), so no true start is within rounding of a whole step without
+    # being on it.
     exact_mult = Fraction(mult)
     for first_period in range(1, 61):
         schedule = CosineRestarts(1.0, first_period, float(mult), lr_mult=0.5)
         start, length = Fraction(0), Fraction(first_period)
         for _ in range(6):
-            for step in range(max(math.ceil(start) - 1, 0), math.ceil(start) + 2):
-                want = _exact_value(first_period, exact_mult, step)
-                got = schedule(step)
-                assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15), (
-                    first_period,
-                    step,
-                    got,
-                    want,
-                )
+            _assert_exact_around(schedule, exact_mult, start)
             start, length = start + length, length * exact_mult
+
+
+@pytest.mark.parametrize(("mult", "first_period"), [("1.02", 2500), ("1.01", 10_000)])
+def test_whole_step_starts_restart_when_growth_is_close_to_one(
+    mult: str, first_period: int
+) -> None:
+    # Close to 1, mult**i - 1 cancels digits: the start formula's error grows with
+    # first_period / (mult - 1), not with the start (7651 at mult 1.02 from 2500 comes out
+    # 1.2e-11 late), and the slack must follow it.
+    exact_mult = Fraction(mult)
+    schedule = CosineRestarts(1.0, first_period, float(mult), lr_mult=0.5)
+    start = first_period * (1 + exact_mult + exact_mult**2)  # the fourth cycle, a whole step
+    assert start.denominator == 1
+    _assert_exact_around(schedule, exact_mult, start)
 
 
 # Last steps of a cycle where the log of the closed form rounds one cycle high, so that the

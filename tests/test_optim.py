@@ -8,6 +8,8 @@ difference of formula (LR inside the momentum buffer, eps placement) fails by or
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -129,8 +131,76 @@ def test_bad_hyperparameters_are_refused(factory, message):
 def test_optimizer_round_trips_through_dict(name):
     spec = OPTIMIZERS[name]
     assert optim.optimizer_from_dict(spec.to_dict()) == spec
+    assert optim.optimizer_from_dict(json.loads(spec.to_json())) == spec
     with pytest.raises(ConfigError, match="unknown optimizer"):
-        optim.optimizer_from_dict({"type": "lion"})
+        optim.optimizer_from_dict({"type": "adagrad"})
+
+
+#: ``to_dict`` output as checkpoints and recipes stored it before optimizers had a base class.
+STORED = [
+    {"type": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 0.0},
+    {"type": "adam", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.0},
+    {"type": "adamw", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.01},
+]
+
+
+@pytest.mark.parametrize("stored", STORED, ids=lambda d: d["type"])
+def test_stored_optimizer_json_still_loads(stored):
+    spec = optim.optimizer_from_dict(stored)
+    assert spec.type_name == stored["type"]
+    assert spec.to_dict() == stored
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"type": "sgd", "momentun": 0.9}, "no field.*momentun.*momentum, nesterov"),
+        ({"momentum": 0.9}, "unknown optimizer type None"),
+        ("sgd", "expected a dict"),
+        ({"type": "adam", "beta1": "0.9"}, "beta1 must be a real number"),
+    ],
+)
+def test_bad_optimizer_dicts_are_refused(data, message):
+    with pytest.raises(ConfigError, match=message):
+        optim.optimizer_from_dict(data)
+
+
+def test_optimizers_are_abstract_or_final():
+    # AdamW shares Adam's update through the abstract base instead of subclassing Adam, so an
+    # isinstance test for Adam can never catch AdamW by accident.
+    assert not issubclass(optim.AdamW, optim.Adam)
+    for cls in optim.optimizer_types().values():
+        assert not [sub for sub in cls.__subclasses__()], f"{cls.__name__} is subclassed"
+    with pytest.raises(TypeError):
+        optim.AbstractOptimizer()  # type: ignore[abstract]
+
+
+def test_a_type_name_is_registered_once():
+    with pytest.raises(TypeError, match="already taken"):
+
+        class Again(optim.AbstractOptimizer, type_name="sgd"):
+            pass
+
+
+def test_hyperparameters_are_normalised_to_floats():
+    spec = optim.SGD(momentum=np.float32(0.5), weight_decay=0)
+    assert spec.to_dict() == {
+        "type": "sgd",
+        "momentum": 0.5,
+        "nesterov": False,
+        "weight_decay": 0.0,
+    }
+    assert type(spec.momentum) is float and type(spec.weight_decay) is float
+
+
+def test_state_slots_name_the_state_entries():
+    params = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    for spec in OPTIMIZERS.values():
+        state = optim.init_state(spec, params)
+        want = {f"{p}.{slot}" for p in params for slot in spec.state_slots} | {"step"}
+        assert set(state) == want
+        assert all(state[f"w.{slot}"].dtype == np.float32 for slot in spec.state_slots)
+        assert spec.state_suffixes == spec.state_slots
 
 
 # -- the torch adapter against the reference ---------------------------------------------------
@@ -177,3 +247,47 @@ def test_torch_adapter_skips_non_finite_updates(name):
     assert backend.skipped_steps == 2
     assert int(backend.state_dict()["optimizer.step"]) == STEPS - 2
     assert relative_error(actual, expected) <= 1e-6
+
+
+# -- each adapter's table ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad(optim.AbstractOptimizer):
+    """An optimizer no adapter's table lists (deliberately not registered by a type name)."""
+
+    eps: float = 1e-10
+
+    @property
+    def state_slots(self) -> tuple[str, ...]:
+        return ("sum",)
+
+    def reference_update(self, param, grad, slots, lr, step):
+        total = slots["sum"] + grad * grad
+        return param - lr * grad / (np.sqrt(total) + self.eps), {"sum": total}
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+def test_an_optimizer_missing_from_an_adapters_table_is_refused_by_name(backend):
+    pytest.importorskip(backend)
+    from unitrain import Trainer
+
+    message = f"the {backend} backend does not implement Adagrad; it implements Adam, AdamW, "
+    with pytest.raises(ConfigError, match=message):
+        Trainer(MODEL, backend=backend, optimizer=Adagrad())
+
+
+def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update():
+    from unitrain.backends.numpy import NumpyBackend
+
+    backend = NumpyBackend(MODEL, BackendOptions(optimizer=Adagrad(), dtype="float64"))
+    start = backend.state_dict()
+    grads = gradients(3, MODEL.param_shapes())[:2]
+    for g in grads:
+        backend.grads = {k: v.astype(np.float64) for k, v in g.items()}
+        backend.step(0.1)
+    state = backend.state_dict()
+    for name in MODEL.param_shapes():
+        total = sum(g[name].astype(np.float64) ** 2 for g in grads)
+        np.testing.assert_allclose(state[f"optimizer.{name}.sum"], total, rtol=1e-12)
+        assert not np.array_equal(state[f"model.{name}"], start[f"model.{name}"])

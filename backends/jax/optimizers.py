@@ -27,6 +27,7 @@ import optax
 from unitrain import optim
 
 __all__ = [
+    "OPTIMIZERS",
     "TorchAdamState",
     "build_optimizer",
     "export_slots",
@@ -112,11 +113,55 @@ def torch_adam(
     return optax.GradientTransformation(init, update)
 
 
-def build_optimizer(spec: optim.Optimizer) -> Callable[[Any], optax.GradientTransformation]:
+def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
+        # momentum keeps the arithmetic (and the state) exactly the reference's, which
+        # skips both when they are zero, and every level of nesting in the state is a
+        # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
+        # in a chain cost ~4 µs of a ~20 µs W2 step).
+        parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
+        if spec.momentum:
+            parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
+        parts.append(optax.scale_by_learning_rate(learning_rate))
+        return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+    return at
+
+
+def _adam(spec: optim.AbstractAdam) -> Callable[[Any], optax.GradientTransformation]:
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        return torch_adam(
+            learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            decoupled=spec.decoupled,
+        )
+
+    return at
+
+
+#: Optimizer type -> ``make(spec)``, which returns the transformation at a learning rate.
+#: A type missing here is refused.
+OPTIMIZERS: dict[type[optim.AbstractOptimizer], Callable[[Any], Any]] = {
+    optim.SGD: _sgd,
+    optim.Adam: _adam,
+    optim.AdamW: _adam,
+}
+
+
+def build_optimizer(
+    spec: optim.AbstractOptimizer,
+) -> Callable[[Any], optax.GradientTransformation]:
     """The optax transformation for ``spec`` at a given learning rate (traced or not).
 
     The state's structure does not depend on the learning rate, so ``init`` may come from
     any value.
+
+    Raises:
+        ConfigError: :data:`OPTIMIZERS` has no entry for the optimizer's type.
 
     Examples:
         >>> opt = build_optimizer(optim.SGD(momentum=0.9))
@@ -124,33 +169,9 @@ def build_optimizer(spec: optim.Optimizer) -> Callable[[Any], optax.GradientTran
         >>> [type(node).__name__ for node in jax.tree.leaves(state, is_leaf=_is_slot_node)]
         ['TraceState']
     """
-    if isinstance(spec, optim.Adam):
-
-        def at(learning_rate: Any) -> optax.GradientTransformation:
-            return torch_adam(
-                learning_rate,
-                beta1=spec.beta1,
-                beta2=spec.beta2,
-                eps=spec.eps,
-                weight_decay=spec.weight_decay,
-                decoupled=isinstance(spec, optim.AdamW),
-            )
-
-    else:
-
-        def at(learning_rate: Any) -> optax.GradientTransformation:
-            # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
-            # momentum keeps the arithmetic (and the state) exactly the reference's, which
-            # skips both when they are zero, and every level of nesting in the state is a
-            # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
-            # in a chain cost ~4 µs of a ~20 µs W2 step).
-            parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
-            if spec.momentum:
-                parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
-            parts.append(optax.scale_by_learning_rate(learning_rate))
-            return parts[0] if len(parts) == 1 else optax.chain(*parts)
-
-    return at
+    make: Callable[[Any], Callable[[Any], optax.GradientTransformation]]
+    make = optim.implementation(OPTIMIZERS, spec, "jax")
+    return make(spec)
 
 
 def guarded_update(
@@ -217,23 +238,30 @@ def _all_finite(leaves: list[jax.Array]) -> jax.Array:
     return jnp.isfinite(sum(jnp.sum(g) for g in leaves))
 
 
-#: Canonical state suffix -> field of the optax state node that holds it.
-_SLOT_FIELDS = {"momentum": "trace", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
-_SLOT_NODES = (optax.TraceState, TorchAdamState)
+#: State node type -> {canonical slot: the node's field that holds it}.
+_SLOT_FIELDS: dict[type, dict[str, str]] = {
+    optax.TraceState: {"momentum": "trace"},
+    TorchAdamState: {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
+}
+_SLOT_NODES = tuple(_SLOT_FIELDS)
 
 
 def _is_slot_node(node: Any) -> bool:
     return isinstance(node, _SLOT_NODES)
 
 
-def export_slots(spec: optim.Optimizer, opt_state: Any) -> dict[str, Any]:
+def export_slots(spec: optim.AbstractOptimizer, opt_state: Any) -> dict[str, Any]:
     """Canonical per-parameter optimizer state: ``{suffix: params-shaped pytree}``."""
     nodes = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_slot_node) if _is_slot_node(n)]
     slots = {}
-    for suffix in spec.state_suffixes:
-        field = _SLOT_FIELDS[suffix]
-        slots[suffix] = next(getattr(n, field) for n in nodes if hasattr(n, field))
+    for slot in spec.state_slots:
+        slots[slot] = next(value for n in nodes if (value := _slot_of(n, slot)) is not None)
     return slots
+
+
+def _slot_of(node: Any, slot: str) -> Any:
+    field = _SLOT_FIELDS[type(node)].get(slot)
+    return None if field is None else getattr(node, field)
 
 
 def import_slots(opt_state: Any, slots: Mapping[str, Any], step: int) -> Any:

@@ -51,8 +51,8 @@ def expected_layout(optimizer: optim.Optimizer, dtype: np.dtype) -> dict[str, tu
     for name, shape in classifier().param_shapes().items():
         layout[f"model.{name}"] = (shape, dtype)
     for name, shape in classifier().param_shapes().items():
-        for suffix in optimizer.state_suffixes:
-            layout[f"optimizer.{name}.{suffix}"] = (shape, dtype)
+        for slot in optimizer.state_slots:
+            layout[f"optimizer.{name}.{slot}"] = (shape, dtype)
     layout["optimizer.step"] = ((), np.dtype(np.int64))
     return layout
 

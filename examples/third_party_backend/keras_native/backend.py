@@ -173,7 +173,7 @@ class KerasNativeBackend:
     def _slots(self) -> dict[str, Any]:
         spec, slots = self.options.optimizer, {}
         for index, name in enumerate(self.weights):
-            if isinstance(spec, optim.Adam):
+            if isinstance(spec, optim.AbstractAdam):
                 slots[f"{name}.exp_avg"] = self.optimizer._momentums[index]
                 slots[f"{name}.exp_avg_sq"] = self.optimizer._velocities[index]
             elif spec.momentum:
@@ -229,27 +229,32 @@ def _build(spec: MLP, seed: int) -> keras.Sequential:
     return model
 
 
-def _keras_optimizer(options: BackendOptions) -> keras.optimizers.Optimizer:
-    spec = options.optimizer
-    if isinstance(spec, optim.AdamW):
-        return keras.optimizers.AdamW(
-            learning_rate=0.0,
-            beta_1=spec.beta1,
-            beta_2=spec.beta2,
-            epsilon=spec.eps,
-            weight_decay=spec.weight_decay,
-        )
-    if isinstance(spec, optim.Adam):
-        return keras.optimizers.Adam(
-            learning_rate=0.0,
-            beta_1=spec.beta1,
-            beta_2=spec.beta2,
-            epsilon=spec.eps,
-            weight_decay=spec.weight_decay or None,
-        )
-    return keras.optimizers.SGD(
+#: Optimizer type -> the Keras optimizer that runs it (at learning rate 0: step sets it).
+_KERAS_OPTIMIZERS: dict[type, Any] = {
+    optim.SGD: lambda spec: keras.optimizers.SGD(
         learning_rate=0.0,
         momentum=spec.momentum,
         nesterov=spec.nesterov,
         weight_decay=spec.weight_decay or None,
-    )
+    ),
+    optim.Adam: lambda spec: keras.optimizers.Adam(
+        learning_rate=0.0,
+        beta_1=spec.beta1,
+        beta_2=spec.beta2,
+        epsilon=spec.eps,
+        weight_decay=spec.weight_decay or None,
+    ),
+    optim.AdamW: lambda spec: keras.optimizers.AdamW(
+        learning_rate=0.0,
+        beta_1=spec.beta1,
+        beta_2=spec.beta2,
+        epsilon=spec.eps,
+        weight_decay=spec.weight_decay,
+    ),
+}
+
+
+def _keras_optimizer(options: BackendOptions) -> keras.optimizers.Optimizer:
+    """The Keras optimizer of ``options.optimizer``; a type the table lacks is refused."""
+    spec = options.optimizer
+    return optim.implementation(_KERAS_OPTIMIZERS, spec, "keras_native")(spec)

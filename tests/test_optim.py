@@ -27,6 +27,9 @@ OPTIMIZERS = {
     "adam": optim.Adam(),
     "adam_l2": optim.Adam(weight_decay=1e-2),
     "adamw": optim.AdamW(weight_decay=0.05),
+    "rmsprop": optim.RMSprop(),
+    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.9, weight_decay=1e-3),
+    "lion": optim.Lion(weight_decay=0.1),
 }
 STEPS = 100
 MODEL = MLP((6, 5, 3))
@@ -95,6 +98,57 @@ def test_adamw_decay_is_decoupled_from_moments():
     assert np.all(state["w.exp_avg"] < 1e-29)
 
 
+def test_rmsprop_first_step_divides_by_the_root_of_the_square_average():
+    # s = (1 - alpha) g^2 from zero, so the step is lr * g / (sqrt(1 - alpha) |g| + eps).
+    spec = optim.RMSprop(alpha=0.75, eps=0.5)
+    params = {"w": np.zeros(2)}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([4.0, -2.0])}, state, 0.1)
+    np.testing.assert_allclose(params["w"], [-0.1 * 4 / 2.5, 0.1 * 2 / 1.5], rtol=1e-12)
+    np.testing.assert_allclose(state["w.square_avg"], [4.0, 1.0], rtol=1e-12)
+
+
+def test_centered_rmsprop_divides_by_the_root_of_the_variance():
+    spec = optim.RMSprop(alpha=0.5, eps=0.0, centered=True)
+    params = {"w": np.zeros(1)}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([2.0])}, state, 1.0)
+    # s = 2, a = 1: sqrt(s - a^2) = 1, so the step is the gradient itself.
+    np.testing.assert_allclose(params["w"], [-2.0], rtol=1e-12)
+    np.testing.assert_allclose(state["w.grad_avg"], [1.0], rtol=1e-12)
+
+
+def test_rmsprop_momentum_keeps_the_lr_outside_the_buffer():
+    spec = optim.RMSprop(alpha=0.0, eps=0.0, momentum=0.5)
+    params = {"w": np.zeros(1)}
+    state = optim.init_state(spec, params)
+    for lr in (1.0, 0.1):  # with alpha 0 each normalised step is sign(g) = 1
+        optim.apply_update(spec, params, {"w": np.array([3.0])}, state, lr)
+    # b = 1, then 1.5: w = -1 * 1 - 0.1 * 1.5
+    np.testing.assert_allclose(params["w"], [-1.15], rtol=1e-12)
+
+
+def test_lion_moves_every_entry_by_the_lr():
+    spec = optim.Lion(beta1=0.9, beta2=0.99, weight_decay=0.5)
+    params = {"w": np.array([2.0, 2.0, 2.0])}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([1e-6, -30.0, 0.0])}, state, 0.1)
+    # sign of 0.1 g, plus the decoupled decay 0.5 * 2: w = 2 - 0.1 * (sign(g) + 1)
+    np.testing.assert_allclose(params["w"], [1.8, 2.0, 1.9], rtol=1e-12)
+    np.testing.assert_allclose(state["w.exp_avg"], [1e-8, -0.3, 0.0], rtol=1e-12)
+
+
+def test_lion_takes_the_sign_of_the_beta1_interpolation():
+    # The momentum says +, the gradient -: beta1 = 0.5 weighs the gradient enough to win,
+    # while the beta2 = 0.99 interpolation (the momentum's own update) would stay +.
+    spec = optim.Lion(beta1=0.5, beta2=0.99)
+    params = {"w": np.zeros(1)}
+    state = {"step": np.asarray(3, np.int64), "w.exp_avg": np.array([1.0])}
+    optim.apply_update(spec, params, {"w": np.array([-3.0])}, state, 0.1)
+    np.testing.assert_allclose(params["w"], [0.1], rtol=1e-12)
+    np.testing.assert_allclose(state["w.exp_avg"], [0.99 - 0.03], rtol=1e-12)
+
+
 def test_clip_by_global_norm_matches_torch_formula():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
@@ -120,6 +174,13 @@ def test_clip_by_global_norm_matches_torch_formula():
         (lambda: optim.Adam(beta2=-0.5), "beta2"),
         (lambda: optim.Adam(eps=-1e-8), "eps"),
         (lambda: optim.AdamW(weight_decay="0.1"), "weight_decay"),
+        (lambda: optim.RMSprop(alpha=1.0), "alpha"),
+        (lambda: optim.RMSprop(centered=1), "centered"),
+        (lambda: optim.RMSprop(momentum=-0.5), "momentum"),
+        (lambda: optim.RMSprop(eps=float("inf")), "eps"),
+        (lambda: optim.Lion(beta1=1.5), "beta1"),
+        (lambda: optim.Lion(beta2=None), "beta2"),
+        (lambda: optim.Lion(weight_decay=-1e-3), "weight_decay"),
     ],
 )
 def test_bad_hyperparameters_are_refused(factory, message):
@@ -141,6 +202,15 @@ STORED = [
     {"type": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 0.0},
     {"type": "adam", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.0},
     {"type": "adamw", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.01},
+    {
+        "type": "rmsprop",
+        "alpha": 0.99,
+        "eps": 1e-08,
+        "centered": True,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+    },
+    {"type": "lion", "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1},
 ]
 
 

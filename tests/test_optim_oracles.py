@@ -3,10 +3,10 @@
 Every backend is held to :func:`unitrain.optim.apply_update`; this file holds that reference
 to the two libraries whose formulas it claims: the same float64 parameters, gradients and
 learning rates (changing at every update, which separates the conventions) go through
-``torch.optim.SGD / Adam / AdamW`` and through optax's own transforms (``trace``,
-``scale_by_adam``, ``add_decayed_weights``, with the learning rate applied per update as
-``optax.sgd`` and ``optax.adamw`` apply it), and the parameters after 40 updates must agree
-to float64 rounding.
+``torch.optim.SGD / Adam / AdamW / RMSprop`` and through optax's own transforms (``trace``,
+``scale_by_adam``, ``scale_by_rms``, ``scale_by_lion``, ``add_decayed_weights``, with the
+learning rate applied per update as ``optax.sgd`` and ``optax.adamw`` apply it), and the
+parameters after 40 updates must agree to float64 rounding.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ OPTIMIZERS = {
     "adam": optim.Adam(beta1=0.85, beta2=0.99, eps=1e-7),
     "adam_weight_decay": optim.Adam(weight_decay=0.01),
     "adamw": optim.AdamW(beta1=0.9, beta2=0.995, eps=1e-8, weight_decay=0.05),
+    "rmsprop": optim.RMSprop(),
+    "rmsprop_centered": optim.RMSprop(alpha=0.9, eps=1e-6, centered=True, weight_decay=0.01),
+    "rmsprop_momentum": optim.RMSprop(momentum=0.9),
+    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.8),
+    "lion": optim.Lion(),
+    "lion_weight_decay": optim.Lion(beta1=0.95, beta2=0.98, weight_decay=0.1),
 }
 
 
@@ -57,6 +63,10 @@ TORCH_OPTIMIZERS: dict[type, Callable[[Any], tuple[str, dict[str, Any]]]] = {
     optim.SGD: lambda s: ("SGD", {"momentum": s.momentum, "nesterov": s.nesterov}),
     optim.Adam: lambda s: ("Adam", {"betas": (s.beta1, s.beta2), "eps": s.eps}),
     optim.AdamW: lambda s: ("AdamW", {"betas": (s.beta1, s.beta2), "eps": s.eps}),
+    optim.RMSprop: lambda s: (
+        "RMSprop",
+        {"alpha": s.alpha, "eps": s.eps, "centered": s.centered, "momentum": s.momentum},
+    ),
 }
 
 
@@ -97,6 +107,20 @@ OPTAX_CHAINS: dict[type, Callable[[Any, Any], list[Any]]] = {
         optax.scale_by_adam(s.beta1, s.beta2, s.eps),
         optax.add_decayed_weights(s.weight_decay),
     ],
+    # torch's RMSprop: eps outside the root, and the momentum trace before -lr (optax.rmsprop
+    # itself traces after scaling by the LR, the Keras way, so its parts are chained here)
+    optim.RMSprop: lambda optax, s: [
+        optax.add_decayed_weights(s.weight_decay),
+        (optax.scale_by_stddev if s.centered else optax.scale_by_rms)(
+            decay=s.alpha, eps=s.eps, eps_in_sqrt=False
+        ),
+        optax.trace(decay=s.momentum),
+    ],
+    # optax.lion: sign of the b1 interpolation, then the decoupled decay, then -lr
+    optim.Lion: lambda optax, s: [
+        optax.scale_by_lion(b1=s.beta1, b2=s.beta2),
+        optax.add_decayed_weights(s.weight_decay),
+    ],
 }
 
 
@@ -123,7 +147,7 @@ ORACLES: dict[str, Callable[[optim.Optimizer], dict[str, np.ndarray]]] = {
 }
 
 
-#: Which library defines which optimizer.
+#: Which library defines which optimizer: torch.optim has no Lion.
 ORACLE_TYPES = {"torch.optim": TORCH_OPTIMIZERS, "optax": OPTAX_CHAINS}
 PAIRS = [
     (name, oracle)

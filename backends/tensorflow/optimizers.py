@@ -139,6 +139,55 @@ def _adam(
         p.assign_sub(lr * direction)
 
 
+def _rmsprop(
+    spec: optim.RMSprop,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    # torch's definition (Keras's RMSprop puts eps inside the square root).
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        alpha, one_minus = tf.constant(spec.alpha, dtype), tf.constant(1.0 - spec.alpha, dtype)
+        if spec.weight_decay:
+            g = g + tf.constant(spec.weight_decay, dtype) * p
+        square_avg = alpha * slots["square_avg"][index] + one_minus * (g * g)
+        slots["square_avg"][index].assign(square_avg)
+        if spec.centered:
+            grad_avg = alpha * slots["grad_avg"][index] + one_minus * g
+            slots["grad_avg"][index].assign(grad_avg)
+            square_avg = square_avg - grad_avg * grad_avg
+        direction = g / (tf.sqrt(square_avg) + tf.constant(spec.eps, dtype))
+        if spec.momentum:
+            direction = tf.constant(spec.momentum, dtype) * slots["momentum"][index] + direction
+            slots["momentum"][index].assign(direction)
+        p.assign_sub(lr * direction)
+
+
+def _lion(
+    spec: optim.Lion,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    # Keras's Lion decays the weights in a separate assignment; the reference decays them in
+    # the update's expression.
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        m = slots["exp_avg"][index]
+        beta1, beta2 = spec.beta1, spec.beta2
+        interpolation = tf.constant(beta1, dtype) * m + tf.constant(1.0 - beta1, dtype) * g
+        direction = tf.sign(interpolation)
+        if spec.weight_decay:
+            direction = direction + tf.constant(spec.weight_decay, dtype) * p
+        m.assign(tf.constant(beta2, dtype) * m + tf.constant(1.0 - beta2, dtype) * g)
+        p.assign_sub(lr * direction)
+
+
 #: ``rule(spec, params, grads, slots, step, lr)``: one update of the variables in place.
 _Rule = Callable[..., None]
 
@@ -147,4 +196,6 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Rule] = {
     optim.SGD: _sgd,
     optim.Adam: _adam,
     optim.AdamW: _adam,
+    optim.RMSprop: _rmsprop,
+    optim.Lion: _lion,
 }

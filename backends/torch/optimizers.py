@@ -310,6 +310,26 @@ def _adamw(
     torch._foreach_add_(p, direction, alpha=-lr)
 
 
+def _lion(
+    spec: optim.Lion,
+    p: _Tensors,
+    g: _Tensors,
+    slots: dict[str, _Tensors],
+    lr: float,
+    step: int,
+) -> None:
+    # torch has no Lion: the sign of the beta1 interpolation, the decoupled decay in the same
+    # expression, then the momentum's own beta2 update.
+    m = slots["exp_avg"]
+    direction = torch._foreach_mul(m, spec.beta1)
+    torch._foreach_add_(direction, torch._foreach_mul(g, 1.0 - spec.beta1))
+    torch._foreach_sign_(direction)
+    if spec.weight_decay:
+        torch._foreach_add_(direction, p, alpha=spec.weight_decay)
+    torch._foreach_add_(p, direction, alpha=-lr)
+    torch._foreach_lerp_(m, g, 1.0 - spec.beta2)
+
+
 _Factory = Callable[[Any, Mapping[str, nn.Parameter]], TorchOptimizer]
 
 #: Optimizer type -> its implementation on torch. A type missing here is refused.
@@ -331,6 +351,21 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
         counts_steps=True,
     ),
     optim.AdamW: lambda spec, params: ForeachOptimizer(spec, params, _adamw),
+    optim.RMSprop: lambda spec, params: NativeOptimizer(
+        spec,
+        params,
+        torch.optim.RMSprop,
+        {
+            "alpha": spec.alpha,
+            "eps": spec.eps,
+            "centered": spec.centered,
+            "momentum": spec.momentum,
+            "weight_decay": spec.weight_decay,
+        },
+        {"square_avg": "square_avg", "momentum": "momentum_buffer", "grad_avg": "grad_avg"},
+        counts_steps=True,
+    ),
+    optim.Lion: lambda spec, params: ForeachOptimizer(spec, params, _lion),
 }
 
 

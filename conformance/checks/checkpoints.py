@@ -33,6 +33,8 @@ OPTIMIZERS: dict[str, optim.Optimizer] = {
     "sgd_momentum": optim.SGD(momentum=0.9),
     "adam": optim.Adam(),
     "adamw": optim.AdamW(weight_decay=0.01),
+    "rmsprop": optim.RMSprop(centered=True, momentum=0.9),
+    "lion": optim.Lion(weight_decay=0.1),
 }
 
 

@@ -15,6 +15,8 @@ optimizer    state slots
 ==========  ==========================================================
 SGD          ``momentum`` (only when ``momentum > 0``)
 Adam/AdamW   ``exp_avg``, ``exp_avg_sq``
+RMSprop      ``square_avg``; ``momentum`` (when ``momentum > 0``); ``grad_avg`` (centered)
+Lion         ``exp_avg``
 ==========  ==========================================================
 
 Every slot starts at zero, which gives exactly PyTorch's "buffer = gradient on the first
@@ -41,6 +43,8 @@ from unitrain.optim._base import (
     optimizer_from_dict,
     optimizer_types,
 )
+from unitrain.optim._lion import Lion
+from unitrain.optim._rmsprop import RMSprop
 from unitrain.optim._sgd import SGD
 
 #: Any optimizer description (kept as a name for annotations written before the base class).
@@ -53,7 +57,9 @@ __all__ = [
     "AbstractOptimizer",
     "Adam",
     "AdamW",
+    "Lion",
     "Optimizer",
+    "RMSprop",
     "apply_update",
     "clip_by_global_norm",
     "global_norm",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import base64
-import functools
 import os
-from typing import Any
 
 import numpy as np
 import torch
@@ -16,17 +14,12 @@ __all__ = [
     "DTYPES",
     "ArrayOps",
     "decode",
-    "UNSUPPORTED",
     "encode",
-    "finite_check",
     "make_deterministic",
     "numpy_dtype",
     "resolve_device",
     "to_numpy",
 ]
-
-#: What torch raises for a kernel it lacks, depending on version and device.
-UNSUPPORTED = (RuntimeError, NotImplementedError, TypeError, ValueError)
 
 #: The dtypes the adapter trains in, by their unitrain names.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -87,44 +80,3 @@ class ArrayOps:
     @staticmethod
     def take_along_axis(a: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
         return torch.take_along_dim(a, indices, dim=axis)
-
-
-def finite_check(device: torch.device, dtype: torch.dtype) -> Any:
-    """``check(grads) -> bool``: whether every gradient is finite, for this device/dtype.
-
-    GradScaler's fused kernel (``_amp_foreach_non_finite_check_and_unscale_``, one pass,
-    multiplying by an exact 1.0) is about ten times cheaper than a norm on small models, but
-    not every build has it for every dtype (CUDA has no bfloat16 one). Where it is missing or
-    does not flag a probe infinity, the check is the largest magnitude per tensor
-    (``_foreach_norm`` with ``ord=inf``), which propagates NaN and infinity and, unlike the
-    L2 norm, never overflows on finite values.
-    """
-    return _amp_check(device) if _amp_check_works(device, dtype) else _max_abs_check
-
-
-@functools.cache
-def _amp_check_works(device: torch.device, dtype: torch.dtype) -> bool:
-    check = _amp_check(device)
-    try:
-        finite = [torch.ones(64, device=device, dtype=dtype)]
-        infinite = [torch.ones(64, device=device, dtype=dtype), finite[0].clone()]
-        infinite[0][17] = float("inf")
-        return bool(check(finite)) and not bool(check(infinite))
-    except UNSUPPORTED:
-        return False
-
-
-def _amp_check(device: torch.device) -> Any:
-    found = torch.zeros(1, device=device)
-    one = torch.ones(1, device=device)
-
-    def check(grads: list[torch.Tensor]) -> bool:
-        found.zero_()
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-        return not bool(found)  # the one read of the flag: no comparison tensor per step
-
-    return check
-
-
-def _max_abs_check(grads: list[torch.Tensor]) -> bool:
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads, ord=float("inf")))).all())

@@ -1,23 +1,13 @@
-"""Which torch kernels the PyTorch backend may use, decided by running them, not by assumption.
+"""Optimizers of the PyTorch adapter: one table from optimizer type to its implementation.
 
-torch ships up to three implementations of each optimizer — ``fused`` (one kernel for all
-tensors), ``foreach`` (multi-tensor ops) and the plain per-tensor loop — and which of them
-exist and are correct depends on the torch version, the device and the dtype. Two examples
-seen on the versions this package allows: torch 2.13's fused SGD on the CPU leaves bfloat16
-tensors of more than a few dozen elements unchanged (no error, the update is lost), and
-the CUDA build has no bfloat16 kernel for the non-finite check of ``GradScaler``.
-
-So each choice is made once per (settings, device, dtype) by a probe: the candidate kernel and
-the plain loop — torch's reference implementation of its published formulas — take the same
-two updates on the same tensors (with a state round-trip through ``Optimizer.load_state_dict``
-between them, as a resume does), and the candidate is used only if it agrees to within a few
-units in the last place. The probe costs about a millisecond, once per process. The
-conformance kit then holds whatever was chosen to the float64 reference.
+torch's own classes where their formulas are the reference's (SGD, Adam, RMSprop), on the
+fastest kernel that computes them correctly here (:func:`.kernels.build_optimizer` decides by
+running them); ``torch._foreach`` ops in the reference's form where torch has no class that
+does (AdamW, whose torch class decays the weights in a separate multiply, and Lion).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -27,116 +17,23 @@ import torch
 from torch import nn
 
 from unitrain import optim
-from unitrain.backends.torch.core import UNSUPPORTED
+from unitrain.backends.torch.kernels import build_optimizer
 
 __all__ = [
     "OPTIMIZERS",
     "ForeachOptimizer",
     "NativeOptimizer",
     "TorchOptimizer",
-    "build_optimizer",
     "optimizer_for",
-    "optimizer_kernel",
 ]
-
-#: Kernels in order of preference; "plain" always exists and is the reference.
-_KERNELS = ("fused", "foreach", "plain")
-_KERNEL_ARGUMENTS: dict[str, dict[str, Any]] = {
-    "fused": {"fused": True},
-    "foreach": {"foreach": True},
-    "plain": {"foreach": False},
-}
-
-
-def build_optimizer(
-    kind: Any, params: list[torch.nn.Parameter], settings: dict[str, Any]
-) -> torch.optim.Optimizer:
-    """``kind(params, lr=0.0, **settings)`` on the fastest kernel that computes correctly here.
-
-    Args:
-        kind: ``torch.optim.SGD`` or ``torch.optim.Adam``.
-        params: the parameters, all on one device and of one dtype.
-        settings: the optimizer's hyperparameters besides the learning rate.
-    """
-    sample = params[0]
-    kernel = optimizer_kernel(kind, tuple(sorted(settings.items())), sample.device, sample.dtype)
-    return kind(params, lr=0.0, **settings, **_KERNEL_ARGUMENTS[kernel])
-
-
-@functools.cache
-def optimizer_kernel(
-    kind: Any,
-    settings: tuple[tuple[str, Any], ...],
-    device: torch.device,
-    dtype: torch.dtype,
-) -> str:
-    """The first of fused, foreach, plain whose updates match the plain loop's on a probe."""
-    reference = _probe_updates(kind, dict(settings), device, dtype, "plain")
-    assert reference is not None, "torch's plain optimizer loop failed on its own probe"
-    for kernel in _KERNELS[:-1]:
-        candidate = _probe_updates(kind, dict(settings), device, dtype, kernel)
-        if candidate is not None and _agree(candidate, reference, dtype):
-            return kernel
-    return "plain"
-
-
-def _probe_tensors(device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
-    """A matrix and a vector large enough for every vectorised code path (SIMD, CUDA blocks)."""
-    generator = torch.Generator().manual_seed(0x0B7)
-    shapes = ((48, 40), (40,))
-    return [
-        (torch.rand(shape, generator=generator, dtype=torch.float64) - 0.5).to(device, dtype)
-        for shape in shapes
-    ]
-
-
-def _probe_updates(
-    kind: Any,
-    settings: dict[str, Any],
-    device: torch.device,
-    dtype: torch.dtype,
-    kernel: str,
-) -> list[torch.Tensor] | None:
-    """The parameters after two updates on ``kernel``, or None when torch refuses it.
-
-    The weights are small (±0.05) and the steps large (lr 0.5 on gradients of ±0.5), so an
-    update that is lost or misapplied changes the result far beyond rounding.
-    """
-    try:
-        params = [torch.nn.Parameter(t * 0.1) for t in _probe_tensors(device, dtype)]
-        grads = _probe_tensors(device, dtype)
-        optimizer = kind(params, lr=0.5, **settings, **_KERNEL_ARGUMENTS[kernel])
-        for update in range(2):
-            for p, g in zip(params, grads):
-                p.grad = g * (update + 1)
-            optimizer.step()
-            if update == 0:  # the second update runs on state restored as a resume restores it
-                optimizer.load_state_dict(optimizer.state_dict())
-        return [p.detach().to(torch.float64) for p in params]
-    except UNSUPPORTED:
-        return None
-
-
-def _agree(
-    candidate: list[torch.Tensor], reference: list[torch.Tensor], dtype: torch.dtype
-) -> bool:
-    """Equal to within 4 units in the last place of ``dtype`` at the tensor's largest value.
-
-    Kernels legitimately round apart (a fused kernel computes bfloat16 updates in float32);
-    a lost or misapplied update is off by the size of the update itself.
-    """
-    eps = torch.finfo(dtype).eps
-    return all(
-        bool(torch.allclose(c.cpu(), r.cpu(), rtol=0.0, atol=4 * eps * float(r.abs().max())))
-        for c, r in zip(candidate, reference)
-    )
-
-
-# -- the table ------------------------------------------------------------------------------
 
 
 class TorchOptimizer(Protocol):
     """What the backend asks of one optimizer's implementation."""
+
+    #: The ``torch.optim`` object when torch runs the update (its fused kernels can skip a
+    #: step on a device flag, see :func:`.kernels.device_guard`), else None.
+    native: torch.optim.Optimizer | None
 
     def step(self, lr: float, step: int) -> None:
         """Apply one update at ``lr`` to the parameters with gradients (``step`` counts it)."""
@@ -181,7 +78,7 @@ class NativeOptimizer:
     ) -> None:
         self.params = dict(params)
         self.names = {slot: names[slot] for slot in spec.state_slots}
-        self.optimizer = build_optimizer(kind, list(self.params.values()), settings)
+        self.native = self.optimizer = build_optimizer(kind, list(self.params.values()), settings)
         self._counts_steps = counts_steps
 
     def step(self, lr: float, step: int) -> None:
@@ -240,6 +137,7 @@ class ForeachOptimizer:
         self, spec: optim.AbstractOptimizer, params: Mapping[str, nn.Parameter], rule: _Rule
     ) -> None:
         self.spec, self.params, self.rule = spec, dict(params), rule
+        self.native = None
         self._slots = {
             slot: [torch.zeros_like(p, requires_grad=False) for p in self.params.values()]
             for slot in spec.state_slots

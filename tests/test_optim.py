@@ -9,6 +9,7 @@ difference of formula (LR inside the momentum buffer, eps placement) fails by or
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 
@@ -345,6 +346,13 @@ def test_an_optimizer_missing_from_an_adapters_table_is_refused_by_name(backend)
     message = f"the {backend} backend does not implement Adagrad; it implements Adam, AdamW, "
     with pytest.raises(ConfigError, match=message):
         Trainer(MODEL, backend=backend, optimizer=Adagrad())
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+def test_every_built_in_optimizer_is_in_each_adapters_table(backend):
+    pytest.importorskip(backend)
+    table = importlib.import_module(f"unitrain.backends.{backend}.optimizers").OPTIMIZERS
+    assert set(table) == set(optim.optimizer_types().values())
 
 
 def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update():

@@ -90,11 +90,11 @@ class StateLayout:
             self.state_template, {k: put(np.array(model[k], dtypes[k])) for k in dtypes}
         )
         slots = {
-            suffix: unflatten_params(
+            slot: unflatten_params(
                 self.template,
-                {name: device_array(opt[f"{name}.{suffix}"]) for name in self.names},
+                {name: device_array(opt[f"{name}.{slot}"]) for name in self.names},
             )
-            for suffix in optimizer.state_suffixes
+            for slot in optimizer.state_slots
         }
         opt_state = put(import_slots(init_opt_state(params), slots, step))
         counters = np.asarray(current.counters).copy()

@@ -3,7 +3,9 @@
 It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
 (:mod:`.layers`, :mod:`.model`) and the reference optimizer rules of
 :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
-checked by reading it.
+checked by reading it. Unlike the other adapters it keeps no optimizer table: each optimizer's
+own ``reference_update`` *is* the rule, so every optimizer, a third party's included, has
+its oracle here.
 
 Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike:
 the parameters a pass reads, its input and every layer's output (and, backwards, every

@@ -44,6 +44,7 @@ import tensorflow.experimental.numpy as tnp
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
 from unitrain.backends.tensorflow import model as tf_model
+from unitrain.backends.tensorflow import optimizers
 from unitrain.backends.tensorflow.compiled import CompiledGraphs
 from unitrain.backends.tensorflow.core import (
     make_deterministic,
@@ -149,9 +150,10 @@ class TensorFlowBackend(CompiledGraphs):
                     f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
                     f"got {wrong}"
                 )
+            optimizers.rule_for(options.optimizer)  # refuse a type the table lacks, now
             self.slots = {
-                suffix: [zeros_variable(p) for p in self.params.values()]
-                for suffix in options.optimizer.state_suffixes
+                slot: [zeros_variable(p) for p in self.params.values()]
+                for slot in options.optimizer.state_slots
             }
             self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -343,11 +345,11 @@ class TensorFlowBackend(CompiledGraphs):
     # -- state -------------------------------------------------------------------------------
 
     def _optimizer_variables(self) -> dict[str, tf.Variable]:
-        """Optimizer slots under canonical names (``<param>.<suffix>``), param-major order."""
+        """Optimizer slots under canonical names (``<param>.<slot>``), param-major order."""
         named: dict[str, tf.Variable] = {}
         for index, name in enumerate(self.params):
-            for suffix, variables in self.slots.items():
-                named[f"{name}.{suffix}"] = variables[index]
+            for slot, variables in self.slots.items():
+                named[f"{name}.{slot}"] = variables[index]
         return named
 
     def state_dict(self) -> dict[str, np.ndarray]:

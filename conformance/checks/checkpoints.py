@@ -33,6 +33,8 @@ OPTIMIZERS: dict[str, optim.Optimizer] = {
     "sgd_momentum": optim.SGD(momentum=0.9),
     "adam": optim.Adam(),
     "adamw": optim.AdamW(weight_decay=0.01),
+    "rmsprop": optim.RMSprop(centered=True, momentum=0.9),
+    "lion": optim.Lion(weight_decay=0.1),
 }
 
 
@@ -51,8 +53,8 @@ def expected_layout(optimizer: optim.Optimizer, dtype: np.dtype) -> dict[str, tu
     for name, shape in classifier().param_shapes().items():
         layout[f"model.{name}"] = (shape, dtype)
     for name, shape in classifier().param_shapes().items():
-        for suffix in optimizer.state_suffixes:
-            layout[f"optimizer.{name}.{suffix}"] = (shape, dtype)
+        for slot in optimizer.state_slots:
+            layout[f"optimizer.{name}.{slot}"] = (shape, dtype)
     layout["optimizer.step"] = ((), np.dtype(np.int64))
     return layout
 

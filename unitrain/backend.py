@@ -18,6 +18,7 @@ from unitrain.optim import Optimizer
 from unitrain.precision import LossScaler
 
 __all__ = [
+    "AvailableDevices",
     "Backend",
     "BackendOptions",
     "Batch",
@@ -28,6 +29,7 @@ __all__ = [
     "MultiStep",
     "Predict",
     "Prefetch",
+    "ToHost",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -121,7 +123,8 @@ class Backend(Protocol):
     A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
     :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
-    the devices usable on this machine (``unitrain backends`` shows it).
+    the devices usable on this machine (:class:`AvailableDevices`; ``unitrain backends``
+    shows it).
     """
 
     name: str
@@ -185,9 +188,8 @@ class Backend(Protocol):
         """Return the versions of the framework packages in use, for checkpoints and reports."""
         ...
 
-    # Optional: ``to_host(values) -> list[np.ndarray]`` reads many device values (the losses
-    # the Trainer collects between logging points) back in one transfer; without it each is
-    # converted with ``numpy.asarray``.
+    # Optional methods are the runtime-checkable protocols below (FusedStep, ToHost, ...):
+    # a backend has one by defining its methods, and callers test it with isinstance.
 
 
 @runtime_checkable
@@ -244,6 +246,28 @@ class DeviceData(Protocol):
 
     def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
         """Like ``train_steps`` on the batches gathered by ``indices`` (``k x batch``)."""
+        ...
+
+
+@runtime_checkable
+class ToHost(Protocol):
+    """Optional: many device values read back to the host in one transfer."""
+
+    def to_host(self, values: list[Any]) -> list[np.ndarray]:
+        """``values`` (the losses collected between logging points) as host arrays, in order.
+
+        Without it the Trainer converts each value with ``numpy.asarray``.
+        """
+        ...
+
+
+@runtime_checkable
+class AvailableDevices(Protocol):
+    """Optional, on the backend class: the devices usable on this machine."""
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The device kinds (``"cpu"``, ``"gpu"``) this machine offers the backend now."""
         ...
 
 

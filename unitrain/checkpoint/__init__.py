@@ -24,6 +24,7 @@ from unitrain.checkpoint._write import (
     CheckpointWriter,
     checkpoint_name,
     remove_checkpoint,
+    remove_leftovers,
     save_checkpoint,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "remove_checkpoint",
+    "remove_leftovers",
     "resolve_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",

@@ -34,6 +34,7 @@ from unitrain.checkpoint import (
     _write,
     list_checkpoints,
     load_checkpoint,
+    remove_leftovers,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -466,5 +467,5 @@ def test_leftover_cleanup_leaves_the_run_lock_files_to_the_lock(tmp_path):
     lock_temporary = tmp_path / f"{LOCK_NAME}.tmp-999999999-abcd1234"
     lock_temporary.write_text("pid")
     (tmp_path / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()
-    _write.remove_leftovers(tmp_path)
+    remove_leftovers(tmp_path)
     assert os.listdir(tmp_path) == [lock_temporary.name]

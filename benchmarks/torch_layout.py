@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from unitrain.backends import _torch_layers as layers
+from unitrain.backends.torch import layers
 from unitrain.models import BatchNorm, Conv2d, GlobalAvgPool, Linear, ReLU, Residual, Sequential
 
 

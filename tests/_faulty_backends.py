@@ -17,8 +17,8 @@ import numpy as np
 
 from unitrain import optim
 from unitrain.backend import Capabilities
-from unitrain.backends._numpy_layers import Run, _DropoutNode
 from unitrain.backends.numpy import NumpyBackend
+from unitrain.backends.numpy.layers import Run, _DropoutNode
 from unitrain.callbacks import EarlyStopping, LRMonitor, ModelCheckpoint
 
 

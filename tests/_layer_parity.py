@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from unitrain.backends._numpy_layers import Run
-from unitrain.backends._numpy_model import build
+from unitrain.backends.numpy.layers import Run
+from unitrain.backends.numpy.model import build
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
 
 #: ``(outputs, input gradient or None, parameter gradients, state after the pass)``.
@@ -59,7 +59,7 @@ def torch_layer(layer: Any, x: Any, params: dict, state: dict, projection: np.nd
     """torch's native layer in float32 on CPU."""
     import torch
 
-    from unitrain.backends._torch_layers import build_portable
+    from unitrain.backends.torch.layers import build_portable
 
     module = build_portable(layer, 0, torch.float32, "cpu").train()
     tensors = dict(module.named_parameters()) | dict(module.named_buffers())
@@ -81,7 +81,7 @@ def jax_layer(layer: Any, x: Any, params: dict, state: dict, projection: np.ndar
     """JAX's native layer in float32 on CPU, differentiated by ``jax.vjp``."""
     import jax
 
-    from unitrain.backends._jax_layers import layers_apply
+    from unitrain.backends.jax.layers import layers_apply
 
     apply = layers_apply(layer)
     cpu = jax.devices("cpu")[0]
@@ -109,7 +109,7 @@ def tensorflow_layer(
     """TensorFlow's native layer in float32, differentiated by a ``GradientTape``."""
     import tensorflow as tf
 
-    from unitrain.backends._tensorflow_layers import TFPortable
+    from unitrain.backends.tensorflow.layers import TFPortable
 
     module = TFPortable(layer, params, state, tf.float32)
     inputs = tf.constant(x)

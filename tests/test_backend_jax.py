@@ -143,7 +143,7 @@ def test_nonfinite_gradient_leaves_state_untouched(bad):
 @pytest.mark.parametrize("sizes", [(8, 16, 4), (300, 256, 4)], ids=["one-reduction", "per-tensor"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_finite_check_catches_one_bad_element_at_any_model_size(sizes, bad):
-    # The two forms of the check (see _jax_optim._all_finite): 196 and 78,084 elements.
+    # The two forms of the check (see jax/optimizers.py._all_finite): 196 and 78,084 elements.
     model = MLP(sizes)
     backend = JaxBackend(model, options(optimizer=optim.SGD(momentum=0.9)))
     backend.train_step(batch(model=model), 0.01)

@@ -91,8 +91,10 @@ def test_importing_unitrain_does_not_import_tensorflow() -> None:
 
 def test_registered_and_implements_the_protocol() -> None:
     assert unitrain.get_backend("tensorflow") is TensorFlowBackend
-    # ``backends/tensorflow.py`` imports the framework, not itself.
-    assert tf_backend.tf is sys.modules["tensorflow"] and hasattr(tf_backend.tf, "function")
+    # The adapter package ``unitrain.backends.tensorflow`` imports the framework, not itself.
+    from unitrain.backends.tensorflow import backend as adapter
+
+    assert adapter.tf is sys.modules["tensorflow"] and hasattr(adapter.tf, "function")
     backend = TensorFlowBackend(PARITY_MODEL, _options())
     assert isinstance(backend, Backend) and isinstance(backend, FusedStep)
     assert backend.device == "cpu" and backend.name == "tensorflow"

@@ -167,7 +167,7 @@ def test_the_launcher_names_a_killed_worker_and_stops_the_others():
         "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
         "time.sleep(120)\n"
     )
-    environment = "unitrain.backends._jax_distributed:worker_environment"  # imports no jax
+    environment = "unitrain.backends.jax.distributed:worker_environment"  # imports no jax
     command = [sys.executable, "-m", "unitrain._launch", "--workers=2"]
     command += [f"--environment={environment}", "--", "-c", program]
     started = time.monotonic()

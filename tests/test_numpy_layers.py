@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unitrain.backends._numpy_layers import Run
-from unitrain.backends._numpy_model import build
+from unitrain.backends.numpy.layers import Run
+from unitrain.backends.numpy.model import build
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
 
 CASES = [pytest.param(layer, shape, id=name) for name, layer, shape in LAYER_CASES]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from unitrain._errors import ConfigError
-from unitrain.backends._jax_layers import layers_apply
+from unitrain.backends.jax.layers import layers_apply
 from unitrain.models import MLP
 
 __all__ = [
@@ -30,8 +30,12 @@ __all__ = [
     "as_native_model",
     "dropout_key",
     "flatten_params",
+    "is_flat_dict",
+    "is_portable",
     "loss_function",
     "mlp_apply",
+    "shape_template",
+    "state_names",
     "unflatten_params",
 ]
 
@@ -133,7 +137,7 @@ def with_state(apply: ApplyFn) -> StatefulApplyFn:
 
 
 def portable_apply(spec: Any) -> StatefulApplyFn:
-    """The stateful apply function of a portable model (:mod:`._jax_layers` for the layers)."""
+    """The stateful apply function of a portable model (:mod:`.layers` for the layers)."""
     if isinstance(spec, MLP):
         return with_state(mlp_apply(spec))
     return layers_apply(spec)
@@ -215,3 +219,24 @@ def unflatten_params(template: Any, flat: Mapping[str, Any]) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
     names = [".".join(_key_name(k) for k in path) for path, _ in leaves]
     return jax.tree_util.tree_unflatten(treedef, [flat[name] for name in names])
+
+
+def is_flat_dict(params: Any) -> bool:
+    return isinstance(params, Mapping) and not any(
+        isinstance(v, (Mapping, list, tuple)) for v in params.values()
+    )
+
+
+def is_portable(model: Any) -> bool:
+    """Whether ``model`` is a :mod:`unitrain.models` description (weights drawn in numpy)."""
+    return all(callable(getattr(model, name, None)) for name in ("init_params", "init_state"))
+
+
+def state_names(tree: Any) -> list[str]:
+    """State-dict names in the model's own order (layer by layer for a portable model), not in
+    the sorted order of a JAX dict pytree."""
+    return list(tree) if is_flat_dict(tree) else list(flatten_params(tree))
+
+
+def shape_template(tree: Any) -> Any:
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)

@@ -356,7 +356,7 @@ class _PositionalNode(Node):
         return dy
 
 
-#: The node of every leaf layer type; composites are built in :mod:`._numpy_model`.
+#: The node of every leaf layer type; composites are built in :mod:`.model`.
 LEAVES: dict[type, type[Node]] = {
     Linear: _LinearNode,
     Conv2d: _ConvNode,

@@ -73,7 +73,7 @@ def _name(prefix: str, local: str) -> str:
 
 def _gelu(x: tf.Tensor) -> tf.Tensor:
     # The exact erf form written out: tf.nn.gelu(approximate=False) is only ~1e-9 accurate in
-    # float64 (see _tensorflow_ops).
+    # float64 (see tensorflow/model.py).
     return 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0)))
 
 

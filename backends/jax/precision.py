@@ -1,7 +1,7 @@
 """The JAX backend's precision policy: matmul precision names, compute casts, the loss scaler.
 
 - ``matmul_precision`` is traced into every compiled function with
-  ``jax.default_matmul_precision`` (see :func:`._jax_compiled.build_functions`), under the
+  ``jax.default_matmul_precision`` (see :func:`.compiled.build_functions`), under the
   names of the algorithms it stands for: "highest" float32, "high" TF32, "medium" one
   bfloat16 pass. On a CPU all three compute in float32.
 - Mixed precision casts the float32 parameters and inputs to the compute dtype inside the

@@ -1,7 +1,7 @@
 """The numpy reference backend: small, obviously correct, and the oracle of parity checks.
 
 It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
-(:mod:`._numpy_layers`, :mod:`._numpy_model`) and the reference optimizer rules of
+(:mod:`.layers`, :mod:`.model`) and the reference optimizer rules of
 :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
 checked by reading it.
 
@@ -17,7 +17,7 @@ the frameworks, and the update is skipped.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,9 @@ import numpy as np
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.backends._numpy_layers import Run
-from unitrain.backends._numpy_model import build
+from unitrain.backends.numpy.layers import Run
+from unitrain.backends.numpy.model import build
+from unitrain.backends.numpy.precision import rounding
 from unitrain.models import AbstractLayer, InputCheck
 from unitrain.precision import (
     GOOD_STEPS_KEY,
@@ -39,26 +40,6 @@ from unitrain.precision import (
 from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
-
-
-def _round_float16(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float16).astype(np.float32)
-
-
-def _round_bfloat16(a: np.ndarray) -> np.ndarray:
-    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
-    a = np.asarray(a, np.float32)
-    bits = a.view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
-    return np.where(np.isnan(a), a, rounded.view(np.float32))
-
-
-#: The rounding of each compute dtype; float32 needs none.
-_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
-    "float32": None,
-    "bfloat16": _round_bfloat16,
-    "float16": _round_float16,
-}
 
 
 class NumpyBackend:
@@ -99,7 +80,7 @@ class NumpyBackend:
         if options.precision != "32" and options.dtype != "float32":
             raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
         #: Rounds to the compute dtype under mixed precision; None in "32".
-        self._rounding = _ROUNDING[compute_dtype(options.precision)]
+        self._rounding = rounding(compute_dtype(options.precision))
         #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
         self.scaler = (
             options.loss_scaler.initial_state() if options.precision == "16-mixed" else None

@@ -4,7 +4,7 @@
   ``enable_tensor_float_32_execution``; "high" and "medium" both turn TF32 on (TensorFlow
   has no bfloat16-pass float32 matmul), "highest" turns it off.
 - Mixed precision casts the float32 variables and inputs to the compute dtype inside the
-  traced loss (for the portable MLP, :class:`._tensorflow_ops.TFMLP` computes in its input's
+  traced loss (for the portable MLP, :class:`.model.TFMLP` computes in its input's
   dtype), so the gradients come back to float32 through the casts and the master weights
   and optimizer slots stay float32. A native Keras model carries its own dtype policy
   (``keras.mixed_precision``), so it is refused here rather than cast behind its back.

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from unitrain import optim
-from unitrain.backends._jax_model import dropout_key, loss_function, portable_apply
-from unitrain.backends._jax_optim import build_optimizer, guarded_update
-from unitrain.backends._jax_precision import (
+from unitrain.backends.jax.model import dropout_key, loss_function, portable_apply
+from unitrain.backends.jax.optimizers import build_optimizer, guarded_update
+from unitrain.backends.jax.precision import (
     MATMUL_ALGORITHMS,
     advance_scaler,
     cast_floats,
@@ -52,7 +52,7 @@ class DeviceState(NamedTuple):
     The counters share one array (each leaf of the donated state costs ~0.7 µs per call):
     ``[APPLIED]`` updates applied (the dropout key's step), ``[SKIPPED]`` updates skipped
     for a non-finite gradient, ``[CURSOR]`` the next slot of ``losses`` that ``train_step``
-    writes (see :mod:`._jax_losslog`), and under ``"16-mixed"`` the loss scaler's state:
+    writes (see :mod:`.losslog`), and under ``"16-mixed"`` the loss scaler's state:
     ``[SCALE_EXPONENT]`` ``log2`` of the scale, ``[GOOD_STEPS]`` consecutive finite updates.
     ``model_state`` is the model's non-trainable state (an empty dict for a model without any).
     """
@@ -127,9 +127,9 @@ def build_functions(
     cannot change them.
     ``clipping=False`` leaves gradient clipping out (the bound in :class:`Settings` is then
     unused); ``branch`` picks how a non-finite update is skipped (see
-    :func:`~._jax_optim.guarded_update`). ``compute_dtype`` (``"bfloat16"``, ``"float16"``)
+    :func:`~.optimizers.guarded_update`). ``compute_dtype`` (``"bfloat16"``, ``"float16"``)
     computes forward and backward in that dtype over float32 master weights, and ``scaler``
-    adds dynamic loss scaling (see :mod:`._jax_precision`).
+    adds dynamic loss scaling (see :mod:`.precision`).
     """
     apply = model if callable(model) else portable_apply(model)
     loss_fn, classification = loss_function(loss)

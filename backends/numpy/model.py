@@ -1,5 +1,5 @@
 """Attention and the composite layers in numpy, and :func:`build`, which turns a whole
-portable model into a tree of nodes (see :mod:`._numpy_layers` for the leaves)."""
+portable model into a tree of nodes (see :mod:`.layers` for the leaves)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from unitrain._errors import ConfigError
-from unitrain.backends._numpy_layers import LEAVES, Node, Run
+from unitrain.backends.numpy.layers import LEAVES, Node, Run
 from unitrain.models import (
     GELU,
     MLP,

@@ -1,4 +1,4 @@
-"""Graph-side pieces of the TensorFlow backend: the MLP, losses, dropout keys, update rules.
+"""The portable MLP, losses, dropout keys and variable names of the TensorFlow adapter.
 
 Everything here runs inside ``tf.function`` bodies built by
 :class:`unitrain.backends.tensorflow.TensorFlowBackend`. The update rules are written by hand
@@ -13,26 +13,17 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF's C++ logging starts
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.models import MLP
 
-__all__ = [
-    "TFMLP",
-    "clip_coefficient",
-    "dropout_key",
-    "global_norm",
-    "loss_function",
-    "named_variables",
-    "update_parameters",
-]
+__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables"]
 
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "relu": tf.nn.relu,
@@ -178,110 +169,3 @@ def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 def _mean_squared_error(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
     diff = outputs - tf.reshape(tf.cast(targets, outputs.dtype), tf.shape(outputs))
     return tf.reduce_mean(diff * diff)
-
-
-def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
-    """The L2 norm of all gradients as a float64 scalar.
-
-    Each tensor's sum of squares is taken in its own dtype and the sum over tensors in
-    float64, as :func:`unitrain.optim.global_norm` does (``np.vdot`` per tensor, then Python
-    floats), so the clipping coefficient and the finite check agree with the reference.
-    """
-    squares = [tf.cast(tf.reduce_sum(g * g), tf.float64) for g in grads]
-    return tf.sqrt(tf.add_n(squares))
-
-
-def all_finite(grads: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Whether every gradient element is finite, as a boolean scalar.
-
-    A NaN or an infinity anywhere makes its tensor's sum NaN or infinite, so one reduction
-    per tensor answers it, where the norm squares each tensor into a temporary first: an
-    extra write and read of all the gradients (~5 % of a W1 step when clipping is off).
-    """
-    sums = [tf.cast(tf.reduce_sum(g), tf.float64) for g in grads]
-    return tf.math.is_finite(tf.add_n(sums))
-
-
-def clip_coefficient(norm: tf.Tensor, max_norm: float, dtype: tf.DType) -> tf.Tensor:
-    """``min(max_norm / (norm + 1e-6), 1)`` in float64, cast to ``dtype`` (torch's formula)."""
-    coefficient = tf.constant(max_norm, tf.float64) / (norm + optim.CLIP_EPSILON)
-    return tf.cast(tf.minimum(coefficient, 1.0), dtype)
-
-
-def update_parameters(
-    spec: optim.Optimizer,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    """Apply the reference update of :mod:`unitrain.optim` to ``params`` and ``slots``.
-
-    Args:
-        spec: the optimizer description.
-        params: the variables to update.
-        grads: one gradient per parameter (already clipped).
-        slots: per-parameter state by suffix (``momentum``; ``exp_avg``, ``exp_avg_sq``).
-        step: int64 scalar, updates applied before this one.
-        lr: learning rate, a scalar tensor of the parameters' dtype (never a constant, so a new
-            value every step does not retrace).
-    """
-    if isinstance(spec, optim.Adam):
-        _adam(spec, params, grads, slots, step, lr)
-    else:
-        _sgd(spec, params, grads, slots, lr)
-
-
-def _sgd(
-    spec: optim.SGD,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    lr: tf.Tensor,
-) -> None:
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        if spec.weight_decay:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        direction = g
-        if spec.momentum:
-            mu = tf.constant(spec.momentum, dtype)
-            buffer = mu * slots["momentum"][index] + g
-            slots["momentum"][index].assign(buffer)
-            direction = g + mu * buffer if spec.nesterov else buffer
-        p.assign_sub(lr * direction)  # in place: no p - lr * d temporary to copy back
-
-
-def _adam(
-    spec: optim.Adam,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    # Bias corrections in float64, like the reference's Python floats, then cast once: in
-    # float32, 1 - b2**t alone is 1.3e-5 relative off and breaks the 1e-6 bar.
-    t = tf.cast(step + 1, tf.float64)
-    bias_correction1 = 1.0 - tf.pow(tf.constant(spec.beta1, tf.float64), t)
-    sqrt_bias_correction2 = tf.sqrt(1.0 - tf.pow(tf.constant(spec.beta2, tf.float64), t))
-    decoupled = isinstance(spec, optim.AdamW)
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        if spec.weight_decay and not decoupled:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        exp_avg, exp_avg_sq = slots["exp_avg"][index], slots["exp_avg_sq"][index]
-        m = tf.constant(spec.beta1, dtype) * exp_avg + tf.constant(1.0 - spec.beta1, dtype) * g
-        v = tf.constant(spec.beta2, dtype) * exp_avg_sq + tf.constant(1.0 - spec.beta2, dtype) * (
-            g * g
-        )
-        exp_avg.assign(m)
-        exp_avg_sq.assign(v)
-        denominator = tf.sqrt(v) / tf.cast(sqrt_bias_correction2, dtype) + tf.constant(
-            spec.eps, dtype
-        )
-        direction = (m / tf.cast(bias_correction1, dtype)) / denominator
-        if decoupled and spec.weight_decay:
-            direction = direction + tf.constant(spec.weight_decay, dtype) * p
-        p.assign_sub(lr * direction)

@@ -5,7 +5,7 @@ signature: the batch axis is left unknown (``None``), so the smaller last batch 
 does not retrace, and the learning rate, the loss scale and the micro-batch index are tensor
 arguments, so changing them every step does not retrace either (``trace_counts`` counts the
 traces). The optimizer updates are the reference rules of :mod:`unitrain.optim`, written by
-hand in :mod:`unitrain.backends._tensorflow_ops`, because Keras' optimizers differ from them.
+hand in :mod:`unitrain.backends.tensorflow.optimizers`, because Keras' optimizers differ from them.
 
 Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
 returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
@@ -22,7 +22,7 @@ keep the whole training set on the device and gather each batch by index inside 
 Both equal k single ``train_step`` calls.
 
 Native models are called as ``model(x, training=...)``. Their state-dict names are the
-variables' paths (see :func:`unitrain.backends._tensorflow_ops.named_variables`); their
+variables' paths (see :func:`unitrain.backends.tensorflow.tf_model.named_variables`); their
 dropout uses their own random state (a Keras seed generator is a model variable, so it is
 saved and restored with the model), not the ``(seed, step, micro_batch)`` keys of the MLP.
 """
@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF import
@@ -43,19 +43,30 @@ import tensorflow.experimental.numpy as tnp
 
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.backends import _tensorflow_ops as ops
-from unitrain.backends._tensorflow_distributed import (
+from unitrain.backends.tensorflow import model as tf_model
+from unitrain.backends.tensorflow.compiled import CompiledGraphs
+from unitrain.backends.tensorflow.core import (
+    make_deterministic,
+    matrix,
+    resolve_device,
+    scalar,
+    seed_global_rngs,
+    spec,
+    vector,
+    zeros_variable,
+)
+from unitrain.backends.tensorflow.distributed import (
     TensorFlowDistributed,
     join_launched_workers,
     launch_command,
 )
-from unitrain.backends._tensorflow_layers import TFPortable
-from unitrain.backends._tensorflow_precision import (
+from unitrain.backends.tensorflow.layers import TFPortable
+from unitrain.backends.tensorflow.precision import (
     COMPUTE_DTYPES,
     LossScale,
     set_matmul_precision,
 )
-from unitrain.backends._tensorflow_prefetch import prefetch
+from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
@@ -65,11 +76,11 @@ __all__ = ["TensorFlowBackend"]
 _DTYPES = {"float32": tf.float32, "float64": tf.float64}
 
 
-class TensorFlowBackend:
+class TensorFlowBackend(CompiledGraphs):
     """TensorFlow implementation of the :class:`unitrain.backend.Backend` protocol.
 
     Attributes:
-        module: the model (a :class:`~unitrain.backends._tensorflow_ops.TFMLP` for a portable
+        module: the model (a :class:`~unitrain.backends.tensorflow.tf_model.TFMLP` for a portable
             MLP).
         variables: every model variable under its state-dict name.
         params: the trainable subset of ``variables``, in gradient order.
@@ -98,7 +109,7 @@ class TensorFlowBackend:
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
         join_launched_workers()  # MultiWorkerMirroredStrategy must come before any tensor
         self.options = options = options or BackendOptions()
-        self.device_name = _resolve_device(options.device)
+        self.device_name = resolve_device(options.device)
         if options.dtype not in _DTYPES:
             raise ConfigError(
                 f"the tensorflow backend trains in {tuple(_DTYPES)}, got dtype={options.dtype!r}"
@@ -115,13 +126,13 @@ class TensorFlowBackend:
             )
         self._compute_dtype = COMPUTE_DTYPES.get(options.precision)
         if options.deterministic:
-            _make_deterministic()
+            make_deterministic()
         set_matmul_precision(options.matmul_precision)
-        _seed_global_rngs(options.seed)
+        seed_global_rngs(options.seed)
         with tf.device(self.device_name):
             if isinstance(model, MLP):
                 params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
-                self.module: Any = ops.TFMLP(model, params, self.dtype)
+                self.module: Any = tf_model.TFMLP(model, params, self.dtype)
                 self.variables: dict[str, tf.Variable] = self.module.named_variables()
             elif isinstance(model, AbstractLayer):
                 numpy_dtype = self.dtype.as_numpy_dtype
@@ -130,7 +141,7 @@ class TensorFlowBackend:
                 self.variables = self.module.named_variables() | self.module.named_state()
             else:
                 self.module = model
-                self.variables = ops.named_variables(model)
+                self.variables = tf_model.named_variables(model)
             self.params = {k: v for k, v in self.variables.items() if v.trainable}
             wrong = {k: v.dtype.name for k, v in self.params.items() if v.dtype != self.dtype}
             if wrong:
@@ -139,14 +150,14 @@ class TensorFlowBackend:
                     f"got {wrong}"
                 )
             self.slots = {
-                suffix: [_zeros_variable(p) for p in self.params.values()]
+                suffix: [zeros_variable(p) for p in self.params.values()]
                 for suffix in options.optimizer.state_suffixes
             }
-            self.grad_buffers = [_zeros_variable(p) for p in self.params.values()]
+            self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
-        self.loss_fn, self.classification = ops.loss_function(options.loss)
+        self.loss_fn, self.classification = tf_model.loss_function(options.loss)
         self._dropout = isinstance(model, AbstractLayer) and model.drops_out
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
@@ -172,7 +183,7 @@ class TensorFlowBackend:
 
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On a GPU, each batch copied while the previous one trains (see
-        :mod:`._tensorflow_prefetch`); on the CPU, ``batches`` unchanged."""
+        :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
         return prefetch(batches, self.device_name, self.dtype, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
@@ -197,7 +208,7 @@ class TensorFlowBackend:
         traced function is faster than replaying the tape eagerly.
         """
         x, y = self._tensors(batch)
-        function = self._batch_function("forward", self._forward_graph, x, y, _scalar(tf.int64))
+        function = self._batch_function("forward", self._forward_graph, x, y, scalar(tf.int64))
         loss, self._pending = function(x, y, tf.constant(self._micro_batch, tf.int64))
         self._micro_batch += 1
         return loss
@@ -206,7 +217,7 @@ class TensorFlowBackend:
         """Add ``scale`` times the gradients of the last forward to the gradient buffers."""
         if self._pending is None:
             raise ConfigError("backward() needs a forward() first (once per forward)")
-        signature = ([_spec(p, full=True) for p in self.params.values()], _scalar(self.dtype))
+        signature = ([spec(p, full=True) for p in self.params.values()], scalar(self.dtype))
         function = self._function(("accumulate",), self._accumulate_graph, signature)
         function(self._pending, tf.constant(scale, self.dtype))
         self._pending, self._accumulated = None, True
@@ -217,7 +228,7 @@ class TensorFlowBackend:
             summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
             for buffer, value in zip(self.grad_buffers, summed, strict=True):
                 buffer.assign(value)
-        function = self._function(("step",), self._step_graph, (_scalar(self.dtype),))
+        function = self._function(("step",), self._step_graph, (scalar(self.dtype),))
         function(tf.constant(lr, self.dtype))
         self._micro_batch, self._pending, self._accumulated = 0, None, False
 
@@ -240,7 +251,7 @@ class TensorFlowBackend:
             raise ConfigError("train_step() with gradients pending from backward(); call step()")
         x, y = self._tensors(batch)
         function = self._batch_function(
-            "train_step", self._train_step_graph, x, y, _scalar(tf.int64), _scalar(self.dtype)
+            "train_step", self._train_step_graph, x, y, scalar(tf.int64), scalar(self.dtype)
         )
         loss = function(x, y, tf.constant(self._micro_batch, tf.int64), tf.constant(lr, self.dtype))
         self._micro_batch, self._pending = 0, None
@@ -260,7 +271,7 @@ class TensorFlowBackend:
         xs, ys = self._tensors(batches)
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
         function = self._batch_function(
-            "train_steps", self._train_steps_graph, xs, ys, _vector(self.dtype), stacked=True
+            "train_steps", self._train_steps_graph, xs, ys, vector(self.dtype), stacked=True
         )
         losses = function(xs, ys, lrs)
         self._micro_batch, self._pending = 0, None
@@ -289,10 +300,10 @@ class TensorFlowBackend:
         indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
         signature = (
-            _spec(x, full=True),
-            _spec(y, full=True),
-            _matrix(tf.int64),
-            _vector(self.dtype),
+            spec(x, full=True),
+            spec(y, full=True),
+            matrix(tf.int64),
+            vector(self.dtype),
         )
         key = ("train_steps_on_device", *(spec for spec in signature[:2]))
         function = self._function(key, self._gather_steps_graph, signature)
@@ -311,12 +322,6 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
-    def _compute_input(self, x: tf.Tensor) -> tf.Tensor:
-        """``x`` in the compute dtype under mixed precision; token ids stay integers."""
-        if self._compute_dtype is not None and x.dtype.is_floating:
-            return tf.cast(x, self._compute_dtype)
-        return x
-
     def _eval_outputs(self, x: tf.Tensor) -> tf.Tensor:
         """Eval-mode outputs in the parameter dtype (run eagerly)."""
         out = self.module(self._compute_input(x), training=False)
@@ -334,158 +339,6 @@ class TensorFlowBackend:
         """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
         x, y = self._tensors(batch)
         return self._eval_outputs(x), y
-
-    # -- compiled bodies (run only while tracing) ----------------------------------------------
-
-    def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
-        x = self._compute_input(x)
-        if isinstance(self.module, (ops.TFMLP, TFPortable)):
-            out = self.module(x, training=training, key=key)
-            out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
-        else:
-            out = self.module(x, training=training)
-        target = y if self.classification else tf.reshape(y, tf.shape(out))
-        loss = self.loss_fn(out, target)
-        if self._keras_losses and self.module.losses:
-            loss = loss + tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
-        return out, loss
-
-    def _loss_and_grads(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
-        key = None
-        if self._dropout:
-            key = ops.dropout_key(self.options.seed, self.step_count.read_value(), micro_batch)
-        params = list(self.params.values())
-        with tf.GradientTape() as tape:
-            _, loss = self._model_loss(x, y, True, key)
-            scaled = self.loss_scale.scaled(loss)
-        grads = tape.gradient(scaled, params)
-        # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
-        # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the
-        # update rules and the gradient buffers expect.
-        return loss, [
-            tf.zeros_like(p) if g is None else tf.convert_to_tensor(g)
-            for p, g in zip(params, grads, strict=True)
-        ]
-
-    def _guarded_update(self, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
-        grads = self.loss_scale.unscaled(grads)
-        clip = self.options.grad_clip_norm
-        if clip is None:
-            finite = ops.all_finite(grads)
-        else:
-            norm = ops.global_norm(grads)
-            finite = tf.math.is_finite(norm)
-        self.loss_scale.advance(finite)
-
-        def apply() -> None:
-            clipped = grads
-            if clip is not None:
-                coefficient = ops.clip_coefficient(norm, clip, self.dtype)
-                clipped = [g * coefficient for g in grads]
-            step = self.step_count.read_value()
-            ops.update_parameters(
-                self.options.optimizer, list(self.params.values()), clipped, self.slots, step, lr
-            )
-            self.step_count.assign_add(1)
-
-        def skip() -> None:
-            self.skipped_count.assign_add(1)
-
-        tf.cond(finite, apply, skip)
-
-    def _forward_graph(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
-        return self._loss_and_grads(x, y, micro_batch)
-
-    def _accumulate_graph(self, grads: list[tf.Tensor], scale: tf.Tensor) -> None:
-        for buffer, g in zip(self.grad_buffers, grads, strict=True):
-            buffer.assign_add(g * scale)
-
-    def _step_graph(self, lr: tf.Tensor) -> None:
-        self._guarded_update([b.read_value() for b in self.grad_buffers], lr)
-        for buffer in self.grad_buffers:
-            buffer.assign(tf.zeros_like(buffer))
-
-    def _train_step_graph(
-        self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor, lr: tf.Tensor
-    ) -> tf.Tensor:
-        loss, grads = self._loss_and_grads(x, y, micro_batch)
-        self._guarded_update(grads, lr)
-        return loss
-
-    def _loop(self, batch_at: Callable[[tf.Tensor], Any], lrs: tf.Tensor) -> tf.Tensor:
-        """``len(lrs)`` fused steps in a ``tf.while_loop``; one trace serves every ``k``."""
-        k = tf.shape(lrs)[0]
-        micro_batch = tf.constant(0, tf.int64)
-
-        def body(i: tf.Tensor, losses: tf.TensorArray) -> tuple[tf.Tensor, tf.TensorArray]:
-            x, y = batch_at(i)
-            loss, grads = self._loss_and_grads(x, y, micro_batch)
-            self._guarded_update(grads, lrs[i])
-            return i + 1, losses.write(i, loss)
-
-        losses = tf.TensorArray(self.dtype, size=k)
-        # parallel_iterations=1: each update must see the parameters of the previous one.
-        _, losses = tf.while_loop(
-            lambda i, _: i < k, body, (tf.constant(0), losses), parallel_iterations=1
-        )
-        return losses.stack()
-
-    def _train_steps_graph(self, xs: tf.Tensor, ys: tf.Tensor, lrs: tf.Tensor) -> tf.Tensor:
-        return self._loop(lambda i: (xs[i], ys[i]), lrs)
-
-    def _gather_steps_graph(
-        self, x: tf.Tensor, y: tf.Tensor, indices: tf.Tensor, lrs: tf.Tensor
-    ) -> tf.Tensor:
-        return self._loop(lambda i: (tf.gather(x, indices[i]), tf.gather(y, indices[i])), lrs)
-
-    def _evaluate_graph(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
-        out, loss = self._model_loss(x, y, False, None)
-        metrics = {"loss": loss}
-        if self.classification:
-            correct = tf.equal(tf.argmax(out, axis=-1, output_type=y.dtype), y)
-            metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
-        return metrics
-
-    # -- compilation ------------------------------------------------------------------------
-
-    def _function(self, key: tuple[Any, ...], body: Callable[..., Any], signature: Any) -> Any:
-        """The compiled ``body`` for ``key``: traced once, on first use, for ``signature``.
-
-        The concrete function is kept and called directly: a polymorphic ``tf.function``
-        binds and matches its arguments in Python on every call, which costs about as much
-        as a whole small training step.
-        """
-        function = self._functions.get(key)
-        if function is None:
-            name = key[0]
-
-            def traced(*args: Any) -> Any:
-                self.trace_counts[name] += 1  # Python side effect: runs only while tracing
-                with tf.device(self.device_name):
-                    return body(*args)
-
-            polymorphic = tf.function(traced, input_signature=signature, autograph=False)
-            function = polymorphic.get_concrete_function()
-            self._functions[key], self._polymorphic[key] = function, polymorphic
-        return function
-
-    def _batch_function(
-        self,
-        name: str,
-        body: Callable[..., Any],
-        x: tf.Tensor,
-        y: tf.Tensor,
-        *extra: tf.TensorSpec,
-        stacked: bool = False,
-    ) -> Any:
-        """A function per (name, input feature shapes and dtypes), batch axes left unknown."""
-        leading = 2 if stacked else 1
-        key = (name, x.dtype, tuple(x.shape[leading:]), y.dtype, tuple(y.shape[leading:]))
-        function = self._functions.get(key)
-        if function is None:
-            x_spec, y_spec = _spec(x, leading=leading), _spec(y, leading=leading)
-            function = self._function(key, body, (x_spec, y_spec, *extra))
-        return function
 
     # -- state -------------------------------------------------------------------------------
 
@@ -541,55 +394,3 @@ class TensorFlowBackend:
             if cuda:
                 versions["cuda"] = str(cuda)
         return versions
-
-
-def _resolve_device(device: str) -> str:
-    if device not in ("cpu", "gpu", "auto"):
-        raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
-    has_gpu = bool(tf.config.list_physical_devices("GPU"))
-    if device == "gpu" and not has_gpu:
-        raise ConfigError(
-            "device='gpu' but TensorFlow sees no GPU (is tensorflow-cpu installed, or CUDA "
-            "missing?); use 'cpu' or 'auto'"
-        )
-    return "/GPU:0" if device != "cpu" and has_gpu else "/CPU:0"
-
-
-def _make_deterministic() -> None:
-    # Process-wide switches, as torch.use_deterministic_algorithms is.
-    # Kernel choice only: TF32 is matmul_precision's to decide (_tensorflow_precision).
-    tf.config.experimental.enable_op_determinism()
-
-
-def _seed_global_rngs(seed: int) -> None:
-    # unitrain draws nothing from these; they are seeded (like torch.manual_seed) and saved
-    # in checkpoints for user code that does.
-    tf.random.set_seed(seed)
-    try:
-        tf.random.get_global_generator().reset_from_seed(seed)
-    except RuntimeError:  # op determinism on and no global generator set yet
-        tf.random.set_global_generator(tf.random.Generator.from_seed(seed))
-
-
-def _zeros_variable(like: tf.Variable) -> tf.Variable:
-    return tf.Variable(tf.zeros(like.shape, like.dtype), trainable=False)
-
-
-def _spec(tensor: Any, leading: int = 1, full: bool = False) -> tf.TensorSpec:
-    """A spec with the first ``leading`` axes unknown (all known with ``full``)."""
-    shape = list(tensor.shape)
-    if not full:
-        shape[:leading] = [None] * min(leading, len(shape))
-    return tf.TensorSpec(shape, tensor.dtype)
-
-
-def _scalar(dtype: tf.DType) -> tf.TensorSpec:
-    return tf.TensorSpec([], dtype)
-
-
-def _vector(dtype: tf.DType) -> tf.TensorSpec:
-    return tf.TensorSpec([None], dtype)
-
-
-def _matrix(dtype: tf.DType) -> tf.TensorSpec:
-    return tf.TensorSpec([None, None], dtype)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import jax
 import numpy as np
 
 __all__ = ["SIZE", "LossLog", "LossRef"]
@@ -100,3 +101,16 @@ class LossLog:
             else:
                 values.append(page.host()[index])
         return values
+
+    def read_values(self, values: list[Any], on_cpu: bool) -> list[np.ndarray]:
+        """Many values on the host, in order: :class:`LossRef` s from this log, one transfer
+        per page; other device values one by one on the CPU (~0.5 µs each, where
+        ``jax.device_get``'s batched path costs ~4 µs), and in one batched ``device_get`` on
+        an accelerator."""
+        refs = [v for v in values if type(v) is LossRef]
+        if len(refs) == len(values):
+            return self.read(refs)
+        read = iter(self.read(refs))
+        others = [v for v in values if type(v) is not LossRef]
+        converted = iter([np.asarray(v) for v in others] if on_cpu else jax.device_get(others))
+        return [next(read if type(v) is LossRef else converted) for v in values]

@@ -6,7 +6,7 @@ running statistics and counters) under their ``module.state_dict()`` names, so a
 
 PyTorch's optimizers are the reference formulas, so the native ``torch.optim`` classes are
 used for SGD and Adam, each on the fastest kernel that computes correctly for this device and
-dtype (:mod:`._torch_kernels` decides by running them). AdamW is the exception:
+dtype (:mod:`.optimizers` decides by running them). AdamW is the exception:
 ``torch.optim.AdamW`` decays the weights in a separate multiply before the Adam step, which
 rounds differently from the reference's single ``p -= lr * (u + wd * p)`` and drifts close
 to 1e-6 over 100 float32 steps, so it is computed here with ``torch._foreach`` ops in the
@@ -15,86 +15,41 @@ reference's form.
 
 from __future__ import annotations
 
-import base64
 import math
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from unitrain import optim
 from unitrain._errors import ConfigError
 from unitrain.backend import BackendOptions, Batch, Capabilities
-from unitrain.backends._torch_kernels import build_optimizer, finite_check
-from unitrain.backends._torch_layers import build_portable
-from unitrain.backends._torch_precision import (
+from unitrain.backends.torch.core import (
+    DTYPES,
+    ArrayOps,
+    decode,
+    encode,
+    make_deterministic,
+    numpy_dtype,
+    resolve_device,
+    to_numpy,
+)
+from unitrain.backends.torch.layers import build_portable
+from unitrain.backends.torch.model import TorchMLP, loss_function
+from unitrain.backends.torch.optimizers import finite_check, optimizer_for
+from unitrain.backends.torch.precision import (
     MixedPrecision,
     cpu_float16_autocast,
     set_matmul_precision,
 )
-from unitrain.backends._torch_prefetch import prefetch
+from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
 from unitrain.state import check_state, split_state
 
-__all__ = ["TorchBackend", "TorchMLP"]
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "gelu": F.gelu, "sigmoid": torch.sigmoid}
-
-
-class TorchMLP(nn.Module):
-    """:class:`unitrain.models.MLP` in PyTorch, with canonical ``(in, out)`` weight layout.
-
-    Dropout masks come from a private generator seeded per forward from
-    ``(seed, step, micro_batch)``, so a resumed run draws the masks of an uninterrupted one.
-    """
-
-    def __init__(self, spec: MLP) -> None:
-        super().__init__()
-        self.spec = spec
-        self.layers = nn.ModuleList()
-        for fan_in, fan_out in zip(spec.sizes, spec.sizes[1:]):
-            layer = nn.Module()
-            layer.weight = nn.Parameter(torch.empty(fan_in, fan_out))
-            layer.bias = nn.Parameter(torch.empty(fan_out))
-            self.layers.append(layer)
-        self.activation = _ACTIVATIONS[spec.activation]
-        self.generator: torch.Generator | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = len(self.layers) - 1
-        keep = 1.0 - self.spec.dropout
-        for i, layer in enumerate(self.layers):
-            x = torch.addmm(layer.bias, x, layer.weight)
-            if i < last:
-                x = self.activation(x)
-                if self.training and self.spec.dropout:
-                    mask = torch.rand(x.shape, generator=self.generator, device=x.device)
-                    x = x * (mask < keep).to(x.dtype) / keep
-        return x
-
-
-class _ArrayOps:
-    """The numpy-style functions metrics use, on tensors (torch names them differently)."""
-
-    exp, log, reshape = torch.exp, torch.log, torch.reshape
-
-    @staticmethod
-    def sum(a: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-        return torch.sum(a) if axis is None else torch.sum(a, dim=axis)
-
-    @staticmethod
-    def max(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
-        return torch.amax(a, dim=axis, keepdim=keepdims)
-
-    @staticmethod
-    def take_along_axis(a: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
-        return torch.take_along_dim(a, indices, dim=axis)
+__all__ = ["TorchBackend"]
 
 
 class TorchBackend:
@@ -120,25 +75,23 @@ class TorchBackend:
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()
-        self.torch_device = _resolve_device(options.device)
-        if options.dtype not in _DTYPES:
-            raise ConfigError(
-                f"the torch backend trains in {tuple(_DTYPES)}, got {options.dtype!r}"
-            )
-        self.dtype = _DTYPES[options.dtype]
+        self.torch_device = resolve_device(options.device)
+        if options.dtype not in DTYPES:
+            raise ConfigError(f"the torch backend trains in {tuple(DTYPES)}, got {options.dtype!r}")
+        self.dtype = DTYPES[options.dtype]
         device_kind = "gpu" if self.torch_device.type == "cuda" else "cpu"
         require_precision(
             self.name, self.capabilities.precisions[device_kind], options.precision, device_kind
         )
         if options.deterministic:
-            _make_deterministic(self.torch_device)
+            make_deterministic(self.torch_device)
         set_matmul_precision(options.matmul_precision)
         self._mixed = MixedPrecision(options, self.torch_device)
         torch.manual_seed(options.seed)
         if isinstance(model, MLP):
             self.module: nn.Module = TorchMLP(model).to(self.dtype)
             with torch.no_grad():
-                initial = model.init_params(options.seed, _numpy_dtype(self.dtype))
+                initial = model.init_params(options.seed, numpy_dtype(self.dtype))
                 for name, value in initial.items():
                     self.module.get_parameter(name).copy_(torch.from_numpy(value))
         elif isinstance(model, AbstractLayer):
@@ -157,15 +110,15 @@ class TorchBackend:
         self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
-        self.loss_fn, self.classification = _loss_function(options.loss)
-        self.optimizer = _build_optimizer(options.optimizer, list(self.params.values()))
+        self.loss_fn, self.classification = loss_function(options.loss)
+        self.optimizer = optimizer_for(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
         self._step = 0
         self._micro_batch = 0
         self._skipped = 0
         # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
         self._host_batches = self.torch_device.type == "cpu" and self.dtype != torch.bfloat16
-        self._numpy_dtype = _numpy_dtype(self.dtype)
+        self._numpy_dtype = numpy_dtype(self.dtype)
         self._all_finite = finite_check(self.torch_device, self.dtype)
         if isinstance(self.module, TorchMLP) and model.dropout:
             self.module.generator = torch.Generator(self.torch_device)
@@ -182,7 +135,7 @@ class TorchBackend:
 
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On CUDA, each batch pinned and copied on a side stream while the previous one
-        trains (see :mod:`._torch_prefetch`); on the CPU, ``batches`` unchanged."""
+        trains (see :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
         return prefetch(batches, self.torch_device, self.dtype, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,14 +187,14 @@ class TorchBackend:
 
     def launched_strategy(self) -> Any:
         """DDP over the workers torchrun started, or None when it did not start this one."""
-        from unitrain.backends._torch_distributed import TorchDDP
+        from unitrain.backends.torch.distributed import TorchDDP
 
         return TorchDDP.from_environment()
 
     @staticmethod
     def launch_command(workers: int) -> list[str]:
         """The launcher that starts ``workers`` local workers (torch.distributed.run)."""
-        from unitrain.backends._torch_distributed import launch_command
+        from unitrain.backends.torch.distributed import launch_command
 
         return launch_command(workers)
 
@@ -276,7 +229,7 @@ class TorchBackend:
         """Clip ``grads`` in place if configured; return whether they are all finite.
 
         Without clipping, the check is the cheapest one this device and dtype support (see
-        :func:`._torch_kernels.finite_check`). On CPU the read of the flag costs nothing; on
+        :func:`.optimizers.finite_check`). On CPU the read of the flag costs nothing; on
         CUDA it is the one sync per step the guard costs.
         """
         clip = self.options.grad_clip_norm
@@ -319,8 +272,8 @@ class TorchBackend:
         """Many device values (losses) read back to the host in one transfer, in their dtype
         (bfloat16 as float32, which holds it exactly)."""
         if all(v.shape == values[0].shape for v in values):
-            return list(_to_numpy(torch.stack(values)))
-        return [_to_numpy(v) for v in values]
+            return list(to_numpy(torch.stack(values)))
+        return [to_numpy(v) for v in values]
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""
@@ -339,10 +292,10 @@ class TorchBackend:
         x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))  # token ids stay ints
         self.module.eval()
         with torch.no_grad(), self._mixed.autocast():
-            return _to_numpy(self.module(x).to(self.dtype))
+            return to_numpy(self.module(x).to(self.dtype))
 
     #: The array functions metrics use (see :meth:`outputs`).
-    array_ops = _ArrayOps
+    array_ops = ArrayOps
 
     def outputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Eval-mode outputs and the targets as tensors on the device, for metrics."""
@@ -372,14 +325,14 @@ class TorchBackend:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
-        state = {f"model.{k}": _to_numpy(v) for k, v in self.tensors.items()}
+        state = {f"model.{k}": to_numpy(v) for k, v in self.tensors.items()}
         shapes = {f"{k}.": v.shape for k, v in self.params.items()}
         for key, tensor in self._optimizer_tensors().items():
             if tensor is None:
                 shape = next(s for prefix, s in shapes.items() if key.startswith(prefix))
-                state[f"optimizer.{key}"] = np.zeros(shape, _numpy_dtype(self.dtype))
+                state[f"optimizer.{key}"] = np.zeros(shape, numpy_dtype(self.dtype))
             else:
-                state[f"optimizer.{key}"] = _to_numpy(tensor)
+                state[f"optimizer.{key}"] = to_numpy(tensor)
         state["optimizer.step"] = np.asarray(self._step, np.int64)
         state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})
         return state
@@ -430,17 +383,17 @@ class TorchBackend:
 
     def rng_state(self) -> dict[str, Any]:
         """torch's global CPU (and CUDA) generator states, base64-encoded."""
-        state = {"cpu": _encode(torch.get_rng_state())}
+        state = {"cpu": encode(torch.get_rng_state())}
         if self.torch_device.type == "cuda":
-            state["cuda"] = _encode(torch.cuda.get_rng_state(self.torch_device))
+            state["cuda"] = encode(torch.cuda.get_rng_state(self.torch_device))
         return state
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rng_state` returned."""
         if "cpu" in state:
-            torch.set_rng_state(_decode(state["cpu"]))
+            torch.set_rng_state(decode(state["cpu"]))
         if "cuda" in state and self.torch_device.type == "cuda":
-            torch.cuda.set_rng_state(_decode(state["cuda"]), self.torch_device)
+            torch.cuda.set_rng_state(decode(state["cuda"]), self.torch_device)
 
     def versions(self) -> dict[str, str]:
         """torch's version (and CUDA's when used)."""
@@ -448,75 +401,3 @@ class TorchBackend:
         if self.torch_device.type == "cuda" and torch.version.cuda:
             versions["cuda"] = torch.version.cuda
         return versions
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "gpu":
-        if not torch.cuda.is_available():
-            raise ConfigError("device='gpu' but torch sees no CUDA device; use 'cpu' or 'auto'")
-        return torch.device("cuda")
-    if device == "cpu":
-        return torch.device("cpu")
-    raise ConfigError(f"unknown device {device!r}; choose 'cpu', 'gpu' or 'auto'")
-
-
-def _make_deterministic(device: torch.device) -> None:
-    # Kernel choice only: TF32 is matmul_precision's to decide (_torch_precision).
-    torch.use_deterministic_algorithms(True)
-    if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.benchmark = False
-
-
-def _loss_function(loss: Any) -> tuple[Any, bool]:
-    if loss == "cross_entropy":
-        return F.cross_entropy, True
-    if loss == "mse":
-        return F.mse_loss, False
-    if callable(loss):
-        return loss, False
-    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
-
-
-def _build_optimizer(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer of ``spec``, on the fastest kernel that is correct here.
-
-    torch uses fused or multi-tensor kernels by default only when every parameter is on CUDA;
-    on the CPU it loops over the parameters in Python, one op per tensor. For the 32-64-10 MLP
-    of the W2 benchmark SGD's step costs 27 µs that way and 8 µs fused, of a ~150 µs step
-    (benchmarks/README.md). The formulas are the same, but not every kernel exists, or is
-    right, for every device and dtype: :func:`._torch_kernels.build_optimizer` probes them.
-    """
-    if isinstance(spec, optim.AdamW):
-        # AdamW's update is computed by hand (see the module doc); a plain SGD object with lr 0
-        # still serves zero_grad.
-        return torch.optim.SGD(params, lr=0.0)
-    if isinstance(spec, optim.Adam):
-        kind: Any = torch.optim.Adam
-        settings: dict[str, Any] = {"betas": (spec.beta1, spec.beta2), "eps": spec.eps}
-    else:
-        kind = torch.optim.SGD
-        settings = {"momentum": spec.momentum, "nesterov": spec.nesterov}
-    settings["weight_decay"] = spec.weight_decay
-    return build_optimizer(kind, params, settings)
-
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    return tensor.numpy().copy()
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return np.dtype("float64" if dtype == torch.float64 else "float32")
-
-
-def _encode(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
-
-
-def _decode(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)

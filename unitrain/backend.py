@@ -4,6 +4,12 @@ The Trainer talks to a backend through :class:`Backend` and nothing else, so a n
 fits in a few hundred lines. Everything a backend returns from the hot path (losses, metric
 values) stays a framework scalar; the Trainer adds them up with ``+`` and turns them into host
 floats only at logging points, so no call here forces a device-to-host sync per step.
+
+An adapter imports the core only through public modules: this one (which also re-exports the
+helpers adapters share: :func:`check_state` and :func:`split_state` for the canonical state
+layout, :func:`as_pair` for a layer's pair fields), ``unitrain`` for the errors, and
+:mod:`unitrain.models`, :mod:`unitrain.optim`, :mod:`unitrain.precision` and
+:mod:`unitrain.strategy`.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from unitrain.models._base import as_pair
 from unitrain.optim import Optimizer
 from unitrain.precision import LossScaler
+from unitrain.state import check_state, split_state
 
 __all__ = [
     "AvailableDevices",
@@ -30,6 +38,9 @@ __all__ = [
     "Predict",
     "Prefetch",
     "ToHost",
+    "as_pair",
+    "check_state",
+    "split_state",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -40,10 +51,13 @@ Batch = tuple[Any, Any]
 class Capabilities:
     """What a backend declares it can do; callers read this instead of guessing.
 
+    Only what its methods cannot show is declared here. An optional method (the fused
+    ``train_step``, ``train_steps``, ``to_host``, ...) is offered by defining it, and callers
+    test for it with ``isinstance(backend, FusedStep)`` and the other protocols below.
+
     Attributes:
         devices: device kinds the backend can run on (``"cpu"``, ``"gpu"``).
         dtypes: parameter dtypes it trains in (``"float32"``, ``"float64"``, ...).
-        fused_step: whether it offers ``train_step(batch, lr)``.
         bit_exact_resume: whether resuming from a checkpoint reproduces an uninterrupted run
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
@@ -62,7 +76,6 @@ class Capabilities:
 
     devices: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float32",)
-    fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
     portable_layers: bool = False

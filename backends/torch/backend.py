@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import optim
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError, optim
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.torch.core import (
     DTYPES,
     ArrayOps,
@@ -47,7 +46,6 @@ from unitrain.backends.torch.precision import (
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
-from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend"]
 
@@ -59,7 +57,6 @@ class TorchBackend:
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32", "float64", "bfloat16"),
-        fused_step=False,
         portable_layers=True,
         data_parallel=True,
         precisions={

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unitrain._errors import ConfigError, DataError
+from unitrain import ConfigError, DataError
+from unitrain.backend import as_pair
 from unitrain.models import (
     GELU,
     MLP,
@@ -46,7 +47,6 @@ from unitrain.models import (
     Tanh,
     TransformerBlock,
 )
-from unitrain.models._base import as_pair
 
 __all__ = ["DropoutSource", "build_module", "build_portable"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.models import MLP
 
 __all__ = ["TorchMLP", "loss_function"]

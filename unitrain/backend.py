@@ -266,8 +266,9 @@ class DeviceData(Protocol):
 class ToHost(Protocol):
     """Optional: many device values read back to the host in one transfer."""
 
-    def to_host(self, values: list[Any]) -> list[np.ndarray]:
-        """``values`` (the losses collected between logging points) as host arrays, in order.
+    def to_host(self, values: list[Any]) -> list[Any]:
+        """``values`` (the losses collected between logging points) on the host, in order, as
+        numpy arrays or numpy scalars.
 
         Without it the Trainer converts each value with ``numpy.asarray``.
         """

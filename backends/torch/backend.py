@@ -110,6 +110,7 @@ class TorchBackend:
         self.loss_fn, self.classification = loss_function(options.loss)
         self.optimizer = optimizer_for(options.optimizer, list(self.params.values()))
         self._adamw_state: dict[str, list[torch.Tensor]] | None = None
+        self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0
         self._micro_batch = 0
         self._skipped = 0
@@ -198,7 +199,9 @@ class TorchBackend:
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""
         scale = self._mixed.loss_multiplier(scale)
-        (self._loss if scale == 1.0 else self._loss * scale).backward()
+        if (loss := self._loss) is None:
+            raise ConfigError("backward() needs a forward() first; each loss is used once")
+        (loss if scale == 1.0 else loss * scale).backward()
         self._loss = None
 
     def step(self, lr: float) -> None:
@@ -394,7 +397,7 @@ class TorchBackend:
 
     def versions(self) -> dict[str, str]:
         """torch's version (and CUDA's when used)."""
-        versions = {"torch": torch.__version__}
+        versions: dict[str, str] = {"torch": torch.__version__}
         if self.torch_device.type == "cuda" and torch.version.cuda:
             versions["cuda"] = torch.version.cuda
         return versions

@@ -183,6 +183,26 @@ def test_lock_is_taken_for_fit_and_released_after(tmp_path):
     assert list_checkpoints(tmp_path)  # readers ignore the hidden lock file
 
 
+def test_the_directories_a_callback_writes_to_are_locked_for_fit(tmp_path):
+    """Any callback, not only ModelCheckpoint, gets its declared directories locked."""
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()  # a dead run's save
+    seen = []
+
+    class Writer(callbacks.Callback):
+        writes_to = (other,)
+
+        def on_epoch_end(self, trainer, epoch, logs):
+            seen.append(sorted(os.listdir(other)))
+
+    make_trainer(tmp_path / "run", Writer(), epochs=1).fit(data())
+    assert seen == [[LOCK_NAME]]  # held during fit, the dead run's leftover cleared
+    assert os.listdir(other) == []
+    assert callbacks.ModelCheckpoint(tmp_path / "c").writes_to == (tmp_path / "c",)
+    assert callbacks.ModelCheckpoint().writes_to == ()  # checkpoint_dir is locked anyway
+
+
 def test_lock_is_released_when_fit_raises(tmp_path):
     class Crash(callbacks.Callback):
         def on_epoch_end(self, trainer, epoch, logs):

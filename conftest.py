@@ -7,7 +7,7 @@ installed ones. So their doctest collectors are pointed at the installed modules
 and nothing else is collected there (``conformance/test_kit.py`` is the kit's entry point
 for ``pytest --pyargs unitrain.conformance --unitrain-backend ...``, not a test of this
 repository). An adapter whose framework is not installed has its doctests left out, as
-``pytest.importorskip`` would.
+``pytest.importorskip`` would. A ``--pyargs`` run (the kit run as pytest) is left alone.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def framework_missing(name: str) -> bool:
 def pytest_collect_file(file_path: Path, parent: Any) -> Generator[None, Any, Any]:
     collectors = yield
     name = installed_name(file_path)
-    if name is None or file_path.suffix != ".py":
-        return collectors
+    if name is None or file_path.suffix != ".py" or parent.config.option.pyargs:
+        return collectors  # ``--pyargs unitrain.conformance`` is the kit's own run: as is
     if framework_missing(name):
         return []
     doctests = [c for c in collectors if type(c).__name__ == "DoctestModule"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import optim
-from unitrain._errors import ConfigError
+from unitrain import ConfigError, optim
+from unitrain.backend import split_state
 from unitrain.backends.jax.compiled import APPLIED, GOOD_STEPS, SCALE_EXPONENT, DeviceState
 from unitrain.backends.jax.model import (
     flatten_params,
@@ -17,7 +17,6 @@ from unitrain.backends.jax.model import (
 )
 from unitrain.backends.jax.optimizers import export_slots, import_slots
 from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, take_scaler_state
-from unitrain.state import split_state
 
 __all__ = ["StateLayout"]
 

@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import optim
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError, optim
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.numpy.layers import Run
 from unitrain.backends.numpy.model import build
 from unitrain.backends.numpy.precision import rounding
@@ -39,7 +38,6 @@ from unitrain.precision import (
     require_precision,
     take_scaler_state,
 )
-from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
 
@@ -220,7 +218,6 @@ class NumpyBackend:
         """The model's outputs for ``inputs`` in eval mode."""
         with np.errstate(all="ignore"):
             out = self._run(inputs, train=False)
-        self._cache = []
         return out
 
     #: The array functions metrics use (see :meth:`outputs`).

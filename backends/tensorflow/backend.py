@@ -15,8 +15,10 @@ value leaves parameters and optimizer state untouched and adds one to a device-s
 counter), updates, and zeros the buffers. ``train_step``
 fuses the three into one function without the buffers.
 
-Backend-specific fast paths, not used by the Trainer yet: :meth:`TensorFlowBackend.train_steps`
-runs k updates in one call over batches stacked on a new leading axis, and
+Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
+(the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
+protocols): :meth:`TensorFlowBackend.train_steps` runs k updates in one call over batches
+stacked on a new leading axis, and, with ``data_on_device``,
 :meth:`TensorFlowBackend.set_device_data` + :meth:`TensorFlowBackend.train_steps_on_device`
 keep the whole training set on the device and gather each batch by index inside the call.
 Both equal k single ``train_step`` calls.
@@ -41,8 +43,8 @@ import numpy as np
 import tensorflow as tf  # absolute: the framework, not this module
 import tensorflow.experimental.numpy as tnp
 
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import optimizers
 from unitrain.backends.tensorflow.compiled import CompiledGraphs
@@ -70,7 +72,6 @@ from unitrain.backends.tensorflow.precision import (
 from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
-from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
 
@@ -92,7 +93,6 @@ class TensorFlowBackend(CompiledGraphs):
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=tuple(_DTYPES),
-        fused_step=True,
         bit_exact_resume=True,
         portable_layers=True,
         data_parallel=True,

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import optim
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError, optim
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.torch.core import (
     DTYPES,
     ArrayOps,
@@ -42,7 +41,6 @@ from unitrain.backends.torch.precision import (
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
-from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend"]
 
@@ -54,7 +52,6 @@ class TorchBackend:
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32", "float64", "bfloat16"),
-        fused_step=False,
         portable_layers=True,
         data_parallel=True,
         precisions={
@@ -107,6 +104,7 @@ class TorchBackend:
         self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = loss_function(options.loss)
         self.optimizer = optimizer_for(options.optimizer, self.params)
+        self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0
         self._micro_batch = 0
         self._skipped = 0
@@ -209,7 +207,9 @@ class TorchBackend:
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""
         scale = self._mixed.loss_multiplier(scale)
-        (self._loss if scale == 1.0 else self._loss * scale).backward()
+        if (loss := self._loss) is None:
+            raise ConfigError("backward() needs a forward() first; each loss is used once")
+        (loss if scale == 1.0 else loss * scale).backward()
         self._loss = None
 
     def step(self, lr: float) -> None:
@@ -335,7 +335,7 @@ class TorchBackend:
 
     def versions(self) -> dict[str, str]:
         """torch's version (and CUDA's when used)."""
-        versions = {"torch": torch.__version__}
+        versions: dict[str, str] = {"torch": torch.__version__}
         if self.torch_device.type == "cuda" and torch.version.cuda:
             versions["cuda"] = torch.version.cuda
         return versions

@@ -137,7 +137,7 @@ class ForeachOptimizer:
         self, spec: optim.AbstractOptimizer, params: Mapping[str, nn.Parameter], rule: _Rule
     ) -> None:
         self.spec, self.params, self.rule = spec, dict(params), rule
-        self.native = None
+        self.native: torch.optim.Optimizer | None = None
         self._slots = {
             slot: [torch.zeros_like(p, requires_grad=False) for p in self.params.values()]
             for slot in spec.state_slots
@@ -152,7 +152,7 @@ class ForeachOptimizer:
             self.rule(
                 self.spec,
                 [params[i] for i in live],
-                [params[i].grad for i in live],
+                [grad for i in live if (grad := params[i].grad) is not None],
                 slots,
                 lr,
                 step,

@@ -94,7 +94,7 @@ def _sgd(example: dict[str, Any]) -> optim.Optimizer:
     )
 
 
-def _adam(kind: type[optim.AbstractAdam]) -> Callable[[dict[str, Any]], optim.Optimizer]:
+def _adam(kind: Callable[..., optim.Optimizer]) -> Callable[[dict[str, Any]], optim.Optimizer]:
     def build(example: dict[str, Any]) -> optim.Optimizer:
         return kind(
             beta1=example.get("beta1", 0.9),

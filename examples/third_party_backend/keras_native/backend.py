@@ -50,7 +50,7 @@ class KerasNativeBackend:
     """The unitrain Backend protocol on a Keras 3 model and a Keras optimizer."""
 
     name = "keras_native"
-    capabilities = Capabilities(devices=("cpu",), dtypes=("float32",), fused_step=False)
+    capabilities = Capabilities(devices=("cpu",), dtypes=("float32",))
 
     #: Known failures, by check id prefix; the kit reports them as xfailed, with the reason.
     conformance_xfails: ClassVar[dict[str, str]] = {

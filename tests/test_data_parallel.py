@@ -12,7 +12,6 @@ two workers; the kit must fail both while passing their good base class.
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import time
@@ -175,41 +174,3 @@ def test_the_launcher_names_a_killed_worker_and_stops_the_others():
     assert done.returncode == 1
     assert "worker 1 of 2" in done.stderr and "SIGKILL" in done.stderr
     assert time.monotonic() - started < 30  # worker 0 was stopped, not waited for
-
-
-_LOCAL_DEVICES = """
-import numpy as np
-from unitrain import Trainer, TrainerConfig, models
-from unitrain.backends.jax import LocalDevices
-generator = np.random.default_rng(0)
-x = generator.normal(size=(64, 6)).astype("float32")
-y = (x[:, 0] > 0).astype("int64")
-def run(strategy):
-    trainer = Trainer(models.MLP((6, 16, 2), activation="tanh"), backend="jax",
-                      config=TrainerConfig(epochs=2, batch_size=16, device="cpu"),
-                      strategy=strategy)
-    trainer.fit((x, y), (x, y))
-    return trainer
-two, one = run(LocalDevices(2)), run(None)
-inputs, _ = two.backend._arrays((x[:16], y[:16]))
-assert len(inputs.sharding.device_set) == 2, inputs.sharding
-a, b = two.backend.state_dict(), one.backend.state_dict()
-error = np.sqrt(sum(np.sum((a[k] - b[k]) ** 2.0) for k in b) / sum(np.sum(b[k] ** 2.0) for k in b))
-assert error < 1e-6, error  # float32 sums of two half-batches: measured 2.3e-8
-assert [h["step"] for h in two.history] == [h["step"] for h in one.history]
-print("ok", error)
-"""
-
-
-def test_jax_local_devices_split_each_batch_and_match_one_device():
-    pytest.importorskip("jax")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", _LOCAL_DEVICES],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("ok")

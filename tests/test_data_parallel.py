@@ -5,16 +5,23 @@ the kit's ``data_parallel`` family, which ``test_conformance`` runs on every bui
 backend; the tests here stay in one process, except the launcher's, which starts two tiny
 Python workers and no framework.
 
-The two trap backends model the mistakes issue 13 measured, each doubling the gradients on
-two workers; the kit must fail both while passing their good base class.
+The two trap backends here model the mistakes issue 13 measured on the numpy reference's
+simulated workers, each doubling the gradients on two workers; the kit must fail both while
+passing their good base class, in a second. The same mistakes written in the engines
+(``_data_parallel_trap_tensorflow``: MultiWorkerMirroredStrategy summing per-replica mean
+losses; ``_data_parallel_trap_jax``: a ``pmean`` on gradients ``shard_map`` already summed)
+are launched on two real workers by a ``slow`` test; MirroredStrategy's per-replica mean is
+caught in test_local_devices.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,6 +154,25 @@ def test_only_rank_zero_writes_checkpoints_logs_and_the_lock(tmp_path):
     assert [type(c).__name__ for c in trainer.callbacks.callbacks] == ["ModelCheckpoint"]
     trainer.fit(_data(), _data(20, seed=1))
     assert not out.exists()  # no checkpoint, no log, no lock file
+
+
+@pytest.mark.slow  # two launches of two framework workers: 1-2 minutes on a busy 2-core CPU
+@pytest.mark.parametrize(
+    ("framework", "target"),
+    [
+        ("tensorflow", "_data_parallel_trap_tensorflow:TensorFlowPerReplicaMean"),
+        ("jax", "_data_parallel_trap_jax:JaxShardMapPmean"),
+    ],
+)
+def test_the_kit_fails_each_engine_trap_on_two_launched_workers(framework, target, monkeypatch):
+    pytest.importorskip(framework)
+    tests = str(Path(__file__).parent)  # the launched workers import the trap from here
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    )
+    [result] = check_backend(target, device="cpu", dtypes=["float32"], keyword="data_parallel")
+    assert result.status == "failed", result.reason
+    assert "2 workers vs 1 with the global batch" in result.reason
 
 
 @pytest.mark.parametrize("trap", [PerReplicaMeanLoss, ShardMapPmeanOnSum])

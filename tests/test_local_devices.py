@@ -69,7 +69,7 @@ mirrored = two.backend._mirrored
 assert mirrored.num_replicas_in_sync == 2
 assert [d.split(":")[-2:] for d in mirrored.extended.worker_devices] == [["CPU", "0"], ["CPU", "1"]]
 difference = relative(two, one)
-assert difference < 1e-5, difference  # issue 13's tolerance; measured 2.3e-8 (10 epochs: 9.1e-9)
+assert difference < 1e-5, difference  # issue 13's tolerance; measured 1.3e-7 (10 epochs: 2.7e-7)
 for mine, theirs in zip(two.history, one.history, strict=True):
     for key in ("epoch", "step", "lr"):
         assert mine[key] == theirs[key], (key, mine, theirs)
@@ -77,7 +77,7 @@ for mine, theirs in zip(two.history, one.history, strict=True):
 assert two.state.stop_training == one.state.stop_training
 
 trap = relative(run(devices, PerReplicaMean, epochs=1), run(None, epochs=1))
-assert trap > 1e-2, trap  # doubled gradients; measured 0.15
+assert trap > 1e-2, trap  # doubled gradients; measured 0.38
 
 try:
     LocalDevices(3)

@@ -19,7 +19,8 @@ Usage, with the package importable (``PYTHONPATH`` pointing at an install of it)
 
 Environment: ``DEV`` (``gpu``, or ``cpu`` to try it here), ``STEPS`` (steps per epoch, by
 default 200 for W1 and 100 for W3), ``EPOCHS`` (4), ``REPS`` (interleaved repetitions, 2),
-``ONLY`` (e.g. ``W3``).
+``ONLY`` (e.g. ``W3``), ``NONDETERMINISTIC`` (set: also unitrain with ``deterministic=False``
+at float32 "highest", to see what deterministic kernels cost).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def _record(
     return row
 
 
-def unitrain_fit(fw: str, workload: dict[str, Any], variant: tuple[str, str]) -> list[float]:
+def unitrain_fit(
+    fw: str, workload: dict[str, Any], variant: tuple[str, str], deterministic: bool = True
+) -> list[float]:
     """Seconds per epoch of ``Trainer.fit`` (epoch end waits for the device: loss read)."""
     from unitrain import Trainer, TrainerConfig, models, optim, schedules
 
@@ -95,6 +98,7 @@ def unitrain_fit(fw: str, workload: dict[str, Any], variant: tuple[str, str]) ->
         device=DEVICE,
         matmul_precision=variant[0],
         precision=variant[1],
+        deterministic=deterministic,
         log_every_n_steps=10**6,
     )
     trainer = Trainer(
@@ -213,7 +217,7 @@ def _comparisons(rows: list[dict[str, Any]]) -> None:
         key = (row["fw"], row["workload"], row["method"], row["matmul_precision"], row["precision"])
         best[key] = min(best.get(key, float("inf")), row["us_per_step"])
     for (fw, name, method, matmul, precision), us in sorted(best.items()):
-        if method != "unitrain":
+        if not method.startswith("unitrain"):
             continue
         native = best.get((fw, name, "native", matmul, precision))
         baseline = best.get((fw, name, "unitrain", "highest", "32"))
@@ -222,6 +226,7 @@ def _comparisons(rows: list[dict[str, Any]]) -> None:
                 {
                     "fw": fw,
                     "workload": name,
+                    "method": method,
                     "matmul_precision": matmul,
                     "precision": precision,
                     "unitrain_over_native": None if native is None else round(us / native, 3),
@@ -251,6 +256,10 @@ def main(frameworks: list[str]) -> None:
                         rows.append(_record(fw, name, "native", variant, native, workload["steps"]))
                     times = unitrain_fit(fw, workload, variant)
                     rows.append(_record(fw, name, "unitrain", variant, times, workload["steps"]))
+                    if os.environ.get("NONDETERMINISTIC") and variant == VARIANTS[0]:
+                        times = unitrain_fit(fw, workload, variant, deterministic=False)
+                        method = "unitrain_nondeterministic"
+                        rows.append(_record(fw, name, method, variant, times, workload["steps"]))
     _comparisons(rows)
 
 

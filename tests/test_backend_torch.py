@@ -302,3 +302,76 @@ def test_the_digits_mlp_learns_in_bfloat16_with_sgd_momentum():
     )
     history = trainer.fit(train, (data.x_val, data.y_val))
     assert history[-1]["val_accuracy"] >= 0.95
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Make any read of a tensor's value on the host fail, while the fixture's flag is set."""
+    reads: list[str] = []
+
+    def forbid(name):
+        original = getattr(torch.Tensor, name)
+
+        def guarded(self, *args, **kwargs):
+            if watching:
+                reads.append(name)
+                raise AssertionError(f"Tensor.{name} read a device value on the host")
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, guarded)
+
+    watching = False
+    for name in ("__bool__", "item", "tolist", "numpy", "__float__", "__int__"):
+        forbid(name)
+
+    class Switch:
+        def __enter__(self):
+            nonlocal watching
+            watching = True
+
+        def __exit__(self, *exc):
+            nonlocal watching
+            watching = False
+
+    return Switch()
+
+
+@pytest.mark.parametrize("clip", [None, 1.0])
+@pytest.mark.parametrize("spec", [optim.SGD(momentum=0.9), optim.Adam()], ids=["sgd", "adam"])
+def test_a_fused_step_decides_its_skip_on_the_device(spec, clip, no_host_reads):
+    """The non-finite guard of a fused kernel reads nothing back (on a GPU a read makes the
+    host wait for every step); a poisoned update is skipped, counted when asked, and leaves
+    parameters and optimizer state exactly as they were."""
+    options = BackendOptions(optimizer=spec, grad_clip_norm=clip, device="cpu")
+    backend, reference = TorchBackend(MODEL, options), NumpyBackend(MODEL, options)
+    assert backend._guard is not None, "float32 CPU SGD/Adam run fused here"
+    x, y = data(16)
+    poisoned = x.copy()
+    poisoned[3, 2] = np.nan  # a NaN input: every gradient it reaches is NaN
+    for lr, poison in ((0.1, False), (0.1, True), (0.05, False)):
+        before = backend.state_dict()
+        for b in (backend, reference):
+            b.forward((poisoned if poison else x, y))
+            b.backward()
+        with no_host_reads:
+            backend.step(lr)
+        reference.step(lr)
+        after = backend.state_dict()
+        if poison:
+            assert all(np.array_equal(before[k], after[k]) for k in before), "skip changed state"
+    assert backend.skipped_steps == reference.skipped_steps == 1
+    assert int(backend.state_dict()["optimizer.step"]) == 2
+    expected = reference.state_dict()
+    for name, value in backend.state_dict().items():
+        np.testing.assert_allclose(value, expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+def test_runs_that_need_each_outcome_on_the_host_keep_the_host_guard():
+    """Dropout seeds follow the applied-update count and the loss scale each outcome, so those
+    runs read the flag; AdamW (computed by hand) and a bfloat16 SGD (no fused CPU kernel that
+    skips correctly) have no device flag to give."""
+    dropout = models.MLP((6, 10, 3), dropout=0.1)
+    assert TorchBackend(dropout, BackendOptions(device="cpu"))._guard is None
+    assert TorchBackend(MODEL, BackendOptions(optimizer=optim.AdamW()))._guard is None
+    assert TorchBackend(MODEL, BackendOptions(dtype="bfloat16", device="cpu"))._guard is None
+    assert TorchBackend(MODEL, BackendOptions(device="cpu"))._guard is not None

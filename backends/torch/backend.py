@@ -38,7 +38,7 @@ from unitrain.backends.torch.core import (
 )
 from unitrain.backends.torch.layers import build_portable
 from unitrain.backends.torch.model import TorchMLP, loss_function
-from unitrain.backends.torch.optimizers import finite_check, optimizer_for
+from unitrain.backends.torch.optimizers import device_guard, finite_check, optimizer_for
 from unitrain.backends.torch.precision import (
     MixedPrecision,
     cpu_float16_autocast,
@@ -122,6 +122,10 @@ class TorchBackend:
         self._all_finite = finite_check(self.torch_device, self.dtype)
         if isinstance(self.module, TorchMLP) and model.dropout:
             self.module.generator = torch.Generator(self.torch_device)
+        # Dropout seeds and the loss scale need each step's outcome on the host: those runs
+        # keep the host-side guard.
+        host_guard = self._mixed.scaled or getattr(self.module, "generator", None) is not None
+        self._guard = None if host_guard else device_guard(self.optimizer, options.grad_clip_norm)
 
     @property
     def device(self) -> str:
@@ -131,7 +135,15 @@ class TorchBackend:
     @property
     def skipped_steps(self) -> int:
         """Updates skipped because a gradient was not finite."""
+        self._settle()
         return self._skipped
+
+    def _settle(self) -> None:
+        """Take in the updates the device guard skipped since the last call (one read)."""
+        if self._guard is not None:
+            skipped = self._guard.take_skipped()
+            self._skipped += skipped
+            self._step -= skipped
 
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On CUDA, each batch pinned and copied on a side stream while the previous one
@@ -207,6 +219,10 @@ class TorchBackend:
     def step(self, lr: float) -> None:
         """Clip, skip on non-finite gradients, update at ``lr``, zero the gradients."""
         grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if self._guard is not None and grads:  # decided on the device, counted when read
+            self._guard.check(grads)
+            self._update(lr)
+            return
         self._mixed.unscale(grads)
         finite = not grads or self._gradients_finite(grads)
         self._mixed.update(finite)
@@ -215,6 +231,9 @@ class TorchBackend:
             self.optimizer.zero_grad()
             self._micro_batch = 0
             return
+        self._update(lr)
+
+    def _update(self, lr: float) -> None:
         self._step += 1
         if isinstance(self.options.optimizer, optim.AdamW):
             self._adamw_step(lr)
@@ -229,8 +248,10 @@ class TorchBackend:
         """Clip ``grads`` in place if configured; return whether they are all finite.
 
         Without clipping, the check is the cheapest one this device and dtype support (see
-        :func:`.optimizers.finite_check`). On CPU the read of the flag costs nothing; on
-        CUDA it is the one sync per step the guard costs.
+        :func:`.optimizers.finite_check`). The host guard, for runs whose next step needs the
+        outcome (dropout seeds, the loss scale) or whose kernel cannot skip on a device flag:
+        on CPU the read of the flag costs nothing; on CUDA it is a sync per step, which the
+        device guard (:class:`.optimizers.DeviceGuard`) avoids.
         """
         clip = self.options.grad_clip_norm
         if clip is None:
@@ -333,6 +354,7 @@ class TorchBackend:
                 state[f"optimizer.{key}"] = np.zeros(shape, numpy_dtype(self.dtype))
             else:
                 state[f"optimizer.{key}"] = to_numpy(tensor)
+        self._settle()
         state["optimizer.step"] = np.asarray(self._step, np.int64)
         state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})
         return state
@@ -346,6 +368,7 @@ class TorchBackend:
         """
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
+        self._settle()  # what was skipped before the load stays counted as skipped
         self._step = int(opt.pop("step"))
         self._mixed.load(opt)
         with torch.no_grad():

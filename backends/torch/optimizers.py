@@ -25,7 +25,15 @@ from torch import nn
 
 from unitrain import optim
 
-__all__ = ["build_optimizer", "finite_check", "optimizer_for", "optimizer_kernel"]
+__all__ = [
+    "DeviceGuard",
+    "build_optimizer",
+    "device_guard",
+    "finite_check",
+    "optimizer_for",
+    "optimizer_kernel",
+    "skips_on_device",
+]
 
 #: Kernels in order of preference; "plain" always exists and is the reference.
 _KERNELS = ("fused", "foreach", "plain")
@@ -161,6 +169,111 @@ def _amp_check(device: torch.device) -> Any:
 
 def _max_abs_check(grads: list[torch.Tensor]) -> bool:
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads, ord=float("inf")))).all())
+
+
+class DeviceGuard:
+    """The non-finite guard of a fused optimizer, decided on the device: no host sync per step.
+
+    Reading a non-finite flag on the host every step makes the host wait for the GPU, so the
+    next step's kernels are queued only after the previous ones ran: the GPU idles for the
+    host's share of every step (a 4096-wide MLP on an H200 spent ~25 % of its step there).
+    torch's fused SGD and Adam kernels take the flag as a tensor, ``found_inf``, and leave
+    the parameters and the optimizer state unchanged where it is set (the mechanism
+    ``GradScaler`` uses), so the skip is decided where the gradients are. The skips are
+    counted on the device too and read only when asked for (:meth:`take_skipped`: at logging
+    points and checkpoints).
+
+    Args:
+        optimizer: a torch optimizer on the fused kernel (see :func:`skips_on_device`).
+        clip_norm: the global-norm clipping bound, or None.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+        sample = optimizer.param_groups[0]["params"][0]
+        self.clip_norm = clip_norm
+        self.found = torch.zeros((), device=sample.device)  # the kernels read it as found_inf
+        self._skipped = torch.zeros((), device=sample.device)
+        self._one = torch.ones((), device=sample.device)
+        self._amp = _amp_check_works(sample.device, sample.dtype)
+        optimizer.found_inf = self.found  # type: ignore[attr-defined]  # read by step()
+        for group in optimizer.param_groups:
+            if group.get("momentum"):
+                # A skipped first step must not leave torch's lazily allocated (uninitialised)
+                # buffers behind: a zero buffer gives "buffer = gradient" on the first update.
+                for p in group["params"]:
+                    optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+
+    def check(self, grads: list[torch.Tensor]) -> None:
+        """Set the flag for ``grads`` (clipping them in place first, if configured)."""
+        if self.clip_norm is not None:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            torch.logical_not(torch.isfinite(norm), out=self.found)
+            scale = torch.clamp(self.clip_norm / (norm + optim.CLIP_EPSILON), max=1.0)
+            torch._foreach_mul_(grads, scale)  # non-finite only when the step is skipped
+        elif self._amp:
+            self.found.zero_()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self._one)
+        else:
+            largest = torch.stack(torch._foreach_norm(grads, ord=float("inf")))
+            torch.logical_not(torch.isfinite(largest).all(), out=self.found)
+        self._skipped.add_(self.found)
+
+    def take_skipped(self) -> int:
+        """Updates skipped since the last call (one read of a device counter)."""
+        skipped = int(self._skipped.item())
+        self._skipped.zero_()
+        return skipped
+
+
+def device_guard(optimizer: torch.optim.Optimizer, clip_norm: float | None) -> DeviceGuard | None:
+    """A :class:`DeviceGuard` for ``optimizer`` if it runs a fused kernel that skips on a
+    device flag here (see :func:`skips_on_device`), else None: the host reads the flag."""
+    if not optimizer.defaults.get("fused"):
+        return None
+    sample = optimizer.param_groups[0]["params"][0]
+    settings = tuple(
+        sorted((k, v) for k, v in optimizer.defaults.items() if k not in ("lr", "fused"))
+    )
+    if not skips_on_device(type(optimizer), settings, sample.device, sample.dtype):
+        return None
+    return DeviceGuard(optimizer, clip_norm)
+
+
+@functools.cache
+def skips_on_device(
+    kind: Any,
+    settings: tuple[tuple[str, Any], ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> bool:
+    """Whether the fused ``kind`` leaves parameters and state untouched when ``found_inf`` is set
+    and updates them when it is clear, on this device and dtype (a probe, as for the kernels)."""
+    try:
+        params = [torch.nn.Parameter(t * 0.1) for t in _probe_tensors(device, dtype)]
+        optimizer = kind(params, lr=0.5, **dict(settings), fused=True)
+        guard = DeviceGuard(optimizer, clip_norm=None)
+        before: list[torch.Tensor] = []
+        for update, poisoned in enumerate((False, True, False)):
+            for p, g in zip(params, _probe_tensors(device, dtype)):
+                p.grad = g * (update + 1)
+            if poisoned:
+                params[1].grad[3] = float("nan")  # type: ignore[index]
+                before = _snapshot(params, optimizer)
+            guard.check([p.grad for p in params if p.grad is not None])
+            optimizer.step()
+            after = _snapshot(params, optimizer)
+            if poisoned and not all(torch.equal(a, b) for a, b in zip(before, after)):
+                return False
+        return not any(torch.equal(a, b) for a, b in zip(before, after)) and (
+            guard.take_skipped() == 1
+        )
+    except _UNSUPPORTED:
+        return False
+
+
+def _snapshot(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[Any]:
+    state = [v for p in params for v in optimizer.state[p].values() if torch.is_tensor(v)]
+    return [t.detach().clone() for t in [*params, *state]]
 
 
 def optimizer_for(spec: optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -87,6 +87,7 @@ class TensorFlowDistributed:
 
     def __init__(self, strategy: Any, world_size: int, rank: int) -> None:
         self._strategy, self.world_size, self.rank = strategy, world_size, rank
+        self._compiled: dict[tuple[Any, ...], Any] = {}  # sum_gradients, by gradient specs
 
     @classmethod
     def from_environment(cls) -> TensorFlowDistributed | None:
@@ -115,7 +116,24 @@ class TensorFlowDistributed:
         return self._strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)
 
     def sum_gradients(self, grads: list[Any]) -> list[Any]:
-        """Every worker's gradients summed (bfloat16/float16 in float32, rounded back)."""
+        """Every worker's gradients summed (bfloat16/float16 in float32, rounded back).
+
+        One compiled call, traced once per gradient shapes: run eagerly, the flattening,
+        the collective and the split took about twice as long (W1 on two CPU workers).
+        """
+        import tensorflow as tf
+
+        key = tuple((tuple(g.shape), g.dtype) for g in grads)
+        function = self._compiled.get(key)
+        if function is None:
+            traced = tf.function(self._sum_gradients, autograph=False)
+            function = traced.get_concrete_function(
+                [tf.TensorSpec(g.shape, g.dtype) for g in grads]
+            )
+            self._compiled[key] = function
+        return list(function(grads))
+
+    def _sum_gradients(self, grads: list[Any]) -> list[Any]:
         import tensorflow as tf
 
         dtype = grads[0].dtype

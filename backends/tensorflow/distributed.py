@@ -259,16 +259,20 @@ def mirrored_loss_and_grads(
     """The global batch's loss and gradients, computed by ``strategy``'s replicas (in a graph).
 
     Replica ``r`` takes rows ``shard_bounds(n, N, r)`` of the batch and calls
-    ``loss_and_grads(x_r, y_r, micro_batch, n)``, whose loss is
+    ``loss_and_grads(x_r, y_r, micro_batch * N + r, n)``, whose loss is
     ``compute_average_loss(per_example, n)``; the replicas' losses and gradients are summed.
+    The micro-batch index (which keys dropout) is distinct per replica, so no two replicas
+    draw the same masks, as N simulated workers' slices do not.
     """
     import tensorflow as tf
 
     def replica(x: Any, y: Any, micro_batch: Any) -> Any:
         context = tf.distribute.get_replica_context()
+        replicas, rank = context.num_replicas_in_sync, context.replica_id_in_sync_group
         size = tf.shape(x)[0]
-        start, stop = _bounds(size, context.num_replicas_in_sync, context.replica_id_in_sync_group)
-        return loss_and_grads(x[start:stop], y[start:stop], micro_batch, size)
+        start, stop = _bounds(size, replicas, rank)
+        own = micro_batch * replicas + tf.cast(rank, micro_batch.dtype)
+        return loss_and_grads(x[start:stop], y[start:stop], own, size)
 
     loss, grads = strategy.run(replica, args=(x, y, micro_batch))
     total = tf.distribute.ReduceOp.SUM

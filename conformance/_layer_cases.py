@@ -59,18 +59,18 @@ LAYER_CASES: tuple[tuple[str, AbstractLayer, tuple[int, ...]], ...] = (
     ("attention", MultiHeadAttention(8, 2), (2, 5, 8)),
     ("attention_causal", MultiHeadAttention(8, 4, causal=True), (2, 5, 8)),
     ("transformer_block", TransformerBlock(8, 2, mlp_ratio=2, causal=True), (2, 4, 8)),
-    ("residual", Residual([Linear(4, 4), Tanh()]), (3, 4)),
+    ("residual", Residual((Linear(4, 4), Tanh())), (3, 4)),
     (
         "cnn",
         Sequential(
-            [
+            (
                 Conv2d(1, 4, 3, padding=1),
                 BatchNorm(4),
                 ReLU(),
                 MaxPool2d(2),
                 Flatten(),
                 Linear(4 * 3 * 3, 3),
-            ]
+            )
         ),
         (3, 6, 6, 1),
     ),

@@ -147,6 +147,7 @@ def optimizer_trajectory(
     lrs: Sequence[float],
     grad_scale: float,
     init_scale: float = 0.02,
+    handoff_at: int | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run ``len(lrs)`` updates on the backend and the float64 reference with equal gradients.
 
@@ -159,6 +160,9 @@ def optimizer_trajectory(
             ``[grad_scale / 10, grad_scale]``; each column keeps one sign per update, so the
             bias gradient (a column sum) has no cancellation.
         init_scale: scale of the initial weights.
+        handoff_at: before this update, continue on a fresh backend loaded with the
+            state dict of the first one, so optimizer state that does not round-trip through
+            ``state_dict``/``load_state_dict`` shows in the trajectory.
 
     Returns:
         The final state dicts ``(backend, reference)``.
@@ -172,7 +176,11 @@ def optimizer_trajectory(
     backend.load_state_dict(start)
     reference.load_state_dict(upcast(start))
     x = ctx.host(np.eye(8))
-    for lr in lrs:
+    for index, lr in enumerate(lrs):
+        if index == handoff_at:
+            state = backend.state_dict()
+            backend = ctx.make(LINEAR_PROBE, loss="mse", optimizer=optimizer)
+            backend.load_state_dict(state)
         ref_state = reference.state_dict()
         weight = ref_state["model.layers.0.weight"]
         bias = ref_state["model.layers.0.bias"]

@@ -59,7 +59,7 @@ class Check:
         family: one of :data:`FAMILIES`.
         name: the check's name within the family.
         function: runs the check; raises ``CheckFailed`` / ``CheckSkipped`` or returns.
-        requires: capability names that must be declared (``"fused_step"``), else skip.
+        requires: capability names that must be declared (``"portable_layers"``), else skip.
         description: the first docstring line, shown by ``--list``.
         guards: the backend bugs it fails on, shown by ``--list`` (and listed in
             docs/writing-a-backend.md), so that an author knows what to look for.

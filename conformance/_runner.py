@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import unitrain
-from unitrain.backend import Capabilities
+from unitrain.backend import AvailableDevices, Capabilities
 from unitrain.conformance._context import BackendUnderTest, CheckFailed, CheckSkipped, Context
 from unitrain.conformance._registry import Check, all_checks, keyword_matcher, xfail_reason
 from unitrain.conformance._tolerances import TOLERANCES, tolerance_for
@@ -156,7 +156,7 @@ def resolve_backend(spec: Any) -> BackendUnderTest:
     capabilities = getattr(factory, "capabilities", None)
     if not isinstance(capabilities, Capabilities):
         capabilities = Capabilities()
-    available = getattr(factory, "available_devices", None)
+    available = factory.available_devices() if isinstance(factory, AvailableDevices) else None
     return BackendUnderTest(
         factory=factory,
         name=str(getattr(factory, "name", getattr(factory, "__name__", target))),
@@ -165,7 +165,7 @@ def resolve_backend(spec: Any) -> BackendUnderTest:
         xfails=dict(getattr(factory, "conformance_xfails", {}) or {}),
         tolerances=dict(getattr(factory, "conformance_tolerances", {}) or {}),
         callbacks=dict(getattr(factory, "conformance_callbacks", {}) or {}),
-        available_devices=tuple(available()) if callable(available) else None,
+        available_devices=None if available is None else tuple(available),
     )
 
 

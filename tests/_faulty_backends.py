@@ -364,7 +364,7 @@ class RngStateNotJson(NumpyBackend):
 class FusedNumpy(NumpyBackend):
     """A correct fused step: ``train_step`` is forward, backward and step in one call."""
 
-    capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"), fused_step=True)
+    capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"))
 
     def train_step(self, batch: Any, lr: float) -> Any:
         loss = self.forward(batch)

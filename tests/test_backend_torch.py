@@ -179,7 +179,7 @@ class _ForeachMissing(torch.optim.SGD):
 
 
 def test_a_kernel_that_loses_updates_or_is_missing_is_not_chosen():
-    from unitrain.backends.torch.optimizers import optimizer_kernel
+    from unitrain.backends.torch.kernels import optimizer_kernel
 
     settings = (("momentum", 0.9),)
     cpu = torch.device("cpu")
@@ -205,15 +205,15 @@ def _one_update(backend, batch, lr):
 
 
 def test_the_finite_check_falls_back_where_the_amp_kernel_is_missing(monkeypatch):
-    from unitrain.backends.torch import optimizers
+    from unitrain.backends.torch import kernels
 
     def missing(grads, found, inv_scale):
         raise NotImplementedError("not implemented for 'BFloat16'")
 
-    optimizers._amp_check_works.cache_clear()
+    kernels._amp_check_works.cache_clear()
     monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", missing)
     try:
-        check = optimizers.finite_check(torch.device("cpu"), torch.bfloat16)
+        check = kernels.finite_check(torch.device("cpu"), torch.bfloat16)
         finite = [torch.ones(5, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)]
         assert bool(check(finite))
         for bad in (float("nan"), float("inf"), -float("inf")):
@@ -223,7 +223,7 @@ def test_the_finite_check_falls_back_where_the_amp_kernel_is_missing(monkeypatch
         huge = [torch.full((64,), 3e38, dtype=torch.bfloat16)]  # an L2 norm would overflow
         assert bool(check(huge))
     finally:
-        optimizers._amp_check_works.cache_clear()
+        kernels._amp_check_works.cache_clear()
 
 
 # -- buffers are model state -----------------------------------------------------------------

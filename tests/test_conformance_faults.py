@@ -24,6 +24,7 @@ import math
 from typing import Any, ClassVar
 
 import _faulty_backends as f
+import _faulty_optimizers as fo
 import _faulty_precision as fp
 import numpy as np
 import pytest
@@ -231,6 +232,23 @@ FAULTS = {
     "AdamW decay coupled into the gradient": (
         f.AdamWCoupledDecay,
         "optimizers::adamw[cpu-float32]",
+    ),
+    "RMSprop eps inside the square root": (
+        fo.RMSpropEpsInsideSqrt,
+        "optimizers::rmsprop[cpu-float32]",
+    ),
+    "RMSprop centered ignored": (
+        fo.RMSpropCenteredIgnored,
+        "optimizers::rmsprop_centered[cpu-float32]",
+    ),
+    "RMSprop square_avg not restored": (
+        fo.SquareAvgNotRestored,
+        "optimizers::rmsprop[cpu-float32]",
+    ),
+    "Lion sign of the beta2 interpolation": (fo.LionSignOfBeta2, "optimizers::lion[cpu-float32]"),
+    "Lion decay without the LR": (
+        fo.LionDecayWithoutLr,
+        "optimizers::lion_weight_decay[cpu-float32]",
     ),
     # checkpoints
     "optimizer state missing from state_dict": (

@@ -385,3 +385,20 @@ def test_the_shuffle_order_is_pinned_to_default_rng_of_seed_and_epoch():
     assert shuffled(3, 2) == [7, 4, 1, 8, 6, 0, 2, 9, 3, 5]
     assert shuffled(1, 0) == [8, 4, 7, 0, 1, 2, 5, 9, 6, 3]
     assert shuffled(0, 1) == [9, 1, 3, 8, 7, 6, 0, 4, 2, 5]
+
+
+def test_fit_reads_the_training_arrays_for_bad_values_once(monkeypatch):
+    """The loader checks its arrays when built; the Trainer then checks only the model's fit."""
+    from unitrain import data
+
+    calls = []
+    original = data.check_arrays
+    monkeypatch.setattr(data, "check_arrays", lambda *a, **k: calls.append(k) or original(*a, **k))
+    x = np.random.default_rng(0).normal(size=(12, 3)).astype("float32")
+    y = np.arange(12) % 2
+    Trainer(models.MLP((3, 2)), backend="numpy", config=TrainerConfig(epochs=1, batch_size=4)).fit(
+        (x, y)
+    )
+    assert [call.get("name") for call in calls] == ["train_data"]
+    with pytest.raises(DataError, match="labels in \\[0, 1\\], but the model has 1 outputs"):
+        Trainer(models.MLP((3, 1)), backend="numpy").fit((x, y))

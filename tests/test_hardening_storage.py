@@ -34,6 +34,7 @@ from unitrain.checkpoint import (
     _write,
     list_checkpoints,
     load_checkpoint,
+    remove_leftovers,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -180,6 +181,26 @@ def test_lock_is_taken_for_fit_and_released_after(tmp_path):
     assert seen[0]["pid"] == os.getpid() and seen[0]["host"] == socket.gethostname()
     assert not (tmp_path / LOCK_NAME).exists()
     assert list_checkpoints(tmp_path)  # readers ignore the hidden lock file
+
+
+def test_the_directories_a_callback_writes_to_are_locked_for_fit(tmp_path):
+    """Any callback, not only ModelCheckpoint, gets its declared directories locked."""
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()  # a dead run's save
+    seen = []
+
+    class Writer(callbacks.Callback):
+        writes_to = (other,)
+
+        def on_epoch_end(self, trainer, epoch, logs):
+            seen.append(sorted(os.listdir(other)))
+
+    make_trainer(tmp_path / "run", Writer(), epochs=1).fit(data())
+    assert seen == [[LOCK_NAME]]  # held during fit, the dead run's leftover cleared
+    assert os.listdir(other) == []
+    assert callbacks.ModelCheckpoint(tmp_path / "c").writes_to == (tmp_path / "c",)
+    assert callbacks.ModelCheckpoint().writes_to == ()  # checkpoint_dir is locked anyway
 
 
 def test_lock_is_released_when_fit_raises(tmp_path):
@@ -466,5 +487,5 @@ def test_leftover_cleanup_leaves_the_run_lock_files_to_the_lock(tmp_path):
     lock_temporary = tmp_path / f"{LOCK_NAME}.tmp-999999999-abcd1234"
     lock_temporary.write_text("pid")
     (tmp_path / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()
-    _write.remove_leftovers(tmp_path)
+    remove_leftovers(tmp_path)
     assert os.listdir(tmp_path) == [lock_temporary.name]

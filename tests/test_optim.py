@@ -8,6 +8,9 @@ difference of formula (LR inside the momentum buffer, eps placement) fails by or
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import json
 import math
 
 import numpy as np
@@ -25,6 +28,9 @@ OPTIMIZERS = {
     "adam": optim.Adam(),
     "adam_l2": optim.Adam(weight_decay=1e-2),
     "adamw": optim.AdamW(weight_decay=0.05),
+    "rmsprop": optim.RMSprop(),
+    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.9, weight_decay=1e-3),
+    "lion": optim.Lion(weight_decay=0.1),
 }
 STEPS = 100
 MODEL = MLP((6, 5, 3))
@@ -93,6 +99,57 @@ def test_adamw_decay_is_decoupled_from_moments():
     assert np.all(state["w.exp_avg"] < 1e-29)
 
 
+def test_rmsprop_first_step_divides_by_the_root_of_the_square_average():
+    # s = (1 - alpha) g^2 from zero, so the step is lr * g / (sqrt(1 - alpha) |g| + eps).
+    spec = optim.RMSprop(alpha=0.75, eps=0.5)
+    params = {"w": np.zeros(2)}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([4.0, -2.0])}, state, 0.1)
+    np.testing.assert_allclose(params["w"], [-0.1 * 4 / 2.5, 0.1 * 2 / 1.5], rtol=1e-12)
+    np.testing.assert_allclose(state["w.square_avg"], [4.0, 1.0], rtol=1e-12)
+
+
+def test_centered_rmsprop_divides_by_the_root_of_the_variance():
+    spec = optim.RMSprop(alpha=0.5, eps=0.0, centered=True)
+    params = {"w": np.zeros(1)}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([2.0])}, state, 1.0)
+    # s = 2, a = 1: sqrt(s - a^2) = 1, so the step is the gradient itself.
+    np.testing.assert_allclose(params["w"], [-2.0], rtol=1e-12)
+    np.testing.assert_allclose(state["w.grad_avg"], [1.0], rtol=1e-12)
+
+
+def test_rmsprop_momentum_keeps_the_lr_outside_the_buffer():
+    spec = optim.RMSprop(alpha=0.0, eps=0.0, momentum=0.5)
+    params = {"w": np.zeros(1)}
+    state = optim.init_state(spec, params)
+    for lr in (1.0, 0.1):  # with alpha 0 each normalised step is sign(g) = 1
+        optim.apply_update(spec, params, {"w": np.array([3.0])}, state, lr)
+    # b = 1, then 1.5: w = -1 * 1 - 0.1 * 1.5
+    np.testing.assert_allclose(params["w"], [-1.15], rtol=1e-12)
+
+
+def test_lion_moves_every_entry_by_the_lr():
+    spec = optim.Lion(beta1=0.9, beta2=0.99, weight_decay=0.5)
+    params = {"w": np.array([2.0, 2.0, 2.0])}
+    state = optim.init_state(spec, params)
+    optim.apply_update(spec, params, {"w": np.array([1e-6, -30.0, 0.0])}, state, 0.1)
+    # sign of 0.1 g, plus the decoupled decay 0.5 * 2: w = 2 - 0.1 * (sign(g) + 1)
+    np.testing.assert_allclose(params["w"], [1.8, 2.0, 1.9], rtol=1e-12)
+    np.testing.assert_allclose(state["w.exp_avg"], [1e-8, -0.3, 0.0], rtol=1e-12)
+
+
+def test_lion_takes_the_sign_of_the_beta1_interpolation():
+    # The momentum says +, the gradient -: beta1 = 0.5 weighs the gradient enough to win,
+    # while the beta2 = 0.99 interpolation (the momentum's own update) would stay +.
+    spec = optim.Lion(beta1=0.5, beta2=0.99)
+    params = {"w": np.zeros(1)}
+    state = {"step": np.asarray(3, np.int64), "w.exp_avg": np.array([1.0])}
+    optim.apply_update(spec, params, {"w": np.array([-3.0])}, state, 0.1)
+    np.testing.assert_allclose(params["w"], [0.1], rtol=1e-12)
+    np.testing.assert_allclose(state["w.exp_avg"], [0.99 - 0.03], rtol=1e-12)
+
+
 def test_clip_by_global_norm_matches_torch_formula():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
@@ -118,6 +175,13 @@ def test_clip_by_global_norm_matches_torch_formula():
         (lambda: optim.Adam(beta2=-0.5), "beta2"),
         (lambda: optim.Adam(eps=-1e-8), "eps"),
         (lambda: optim.AdamW(weight_decay="0.1"), "weight_decay"),
+        (lambda: optim.RMSprop(alpha=1.0), "alpha"),
+        (lambda: optim.RMSprop(centered=1), "centered"),
+        (lambda: optim.RMSprop(momentum=-0.5), "momentum"),
+        (lambda: optim.RMSprop(eps=float("inf")), "eps"),
+        (lambda: optim.Lion(beta1=1.5), "beta1"),
+        (lambda: optim.Lion(beta2=None), "beta2"),
+        (lambda: optim.Lion(weight_decay=-1e-3), "weight_decay"),
     ],
 )
 def test_bad_hyperparameters_are_refused(factory, message):
@@ -129,8 +193,85 @@ def test_bad_hyperparameters_are_refused(factory, message):
 def test_optimizer_round_trips_through_dict(name):
     spec = OPTIMIZERS[name]
     assert optim.optimizer_from_dict(spec.to_dict()) == spec
+    assert optim.optimizer_from_dict(json.loads(spec.to_json())) == spec
     with pytest.raises(ConfigError, match="unknown optimizer"):
-        optim.optimizer_from_dict({"type": "lion"})
+        optim.optimizer_from_dict({"type": "adagrad"})
+
+
+#: ``to_dict`` output as checkpoints and recipes stored it before optimizers had a base class.
+STORED = [
+    {"type": "sgd", "momentum": 0.9, "nesterov": True, "weight_decay": 0.0},
+    {"type": "adam", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.0},
+    {"type": "adamw", "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.01},
+    {
+        "type": "rmsprop",
+        "alpha": 0.99,
+        "eps": 1e-08,
+        "centered": True,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+    },
+    {"type": "lion", "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1},
+]
+
+
+@pytest.mark.parametrize("stored", STORED, ids=lambda d: d["type"])
+def test_stored_optimizer_json_still_loads(stored):
+    spec = optim.optimizer_from_dict(stored)
+    assert spec.type_name == stored["type"]
+    assert spec.to_dict() == stored
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"type": "sgd", "momentun": 0.9}, "no field.*momentun.*momentum, nesterov"),
+        ({"momentum": 0.9}, "unknown optimizer type None"),
+        ("sgd", "expected a dict"),
+        ({"type": "adam", "beta1": "0.9"}, "beta1 must be a real number"),
+    ],
+)
+def test_bad_optimizer_dicts_are_refused(data, message):
+    with pytest.raises(ConfigError, match=message):
+        optim.optimizer_from_dict(data)
+
+
+def test_optimizers_are_abstract_or_final():
+    # AdamW shares Adam's update through the abstract base instead of subclassing Adam, so an
+    # isinstance test for Adam can never catch AdamW by accident.
+    assert not issubclass(optim.AdamW, optim.Adam)
+    for cls in optim.optimizer_types().values():
+        assert not [sub for sub in cls.__subclasses__()], f"{cls.__name__} is subclassed"
+    with pytest.raises(TypeError):
+        optim.AbstractOptimizer()  # type: ignore[abstract]
+
+
+def test_a_type_name_is_registered_once():
+    with pytest.raises(TypeError, match="already taken"):
+
+        class Again(optim.AbstractOptimizer, type_name="sgd"):
+            pass
+
+
+def test_hyperparameters_are_normalised_to_floats():
+    spec = optim.SGD(momentum=np.float32(0.5), weight_decay=0)
+    assert spec.to_dict() == {
+        "type": "sgd",
+        "momentum": 0.5,
+        "nesterov": False,
+        "weight_decay": 0.0,
+    }
+    assert type(spec.momentum) is float and type(spec.weight_decay) is float
+
+
+def test_state_slots_name_the_state_entries():
+    params = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    for spec in OPTIMIZERS.values():
+        state = optim.init_state(spec, params)
+        want = {f"{p}.{slot}" for p in params for slot in spec.state_slots} | {"step"}
+        assert set(state) == want
+        assert all(state[f"w.{slot}"].dtype == np.float32 for slot in spec.state_slots)
+        assert spec.state_suffixes == spec.state_slots
 
 
 # -- the torch adapter against the reference ---------------------------------------------------
@@ -177,3 +318,54 @@ def test_torch_adapter_skips_non_finite_updates(name):
     assert backend.skipped_steps == 2
     assert int(backend.state_dict()["optimizer.step"]) == STEPS - 2
     assert relative_error(actual, expected) <= 1e-6
+
+
+# -- each adapter's table ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad(optim.AbstractOptimizer):
+    """An optimizer no adapter's table lists (deliberately not registered by a type name)."""
+
+    eps: float = 1e-10
+
+    @property
+    def state_slots(self) -> tuple[str, ...]:
+        return ("sum",)
+
+    def reference_update(self, param, grad, slots, lr, step):
+        total = slots["sum"] + grad * grad
+        return param - lr * grad / (np.sqrt(total) + self.eps), {"sum": total}
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+def test_an_optimizer_missing_from_an_adapters_table_is_refused_by_name(backend):
+    pytest.importorskip(backend)
+    from unitrain import Trainer
+
+    message = f"the {backend} backend does not implement Adagrad; it implements Adam, AdamW, "
+    with pytest.raises(ConfigError, match=message):
+        Trainer(MODEL, backend=backend, optimizer=Adagrad())
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+def test_every_built_in_optimizer_is_in_each_adapters_table(backend):
+    pytest.importorskip(backend)
+    table = importlib.import_module(f"unitrain.backends.{backend}.optimizers").OPTIMIZERS
+    assert set(table) == set(optim.optimizer_types().values())
+
+
+def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update():
+    from unitrain.backends.numpy import NumpyBackend
+
+    backend = NumpyBackend(MODEL, BackendOptions(optimizer=Adagrad(), dtype="float64"))
+    start = backend.state_dict()
+    grads = gradients(3, MODEL.param_shapes())[:2]
+    for g in grads:
+        backend.grads = {k: v.astype(np.float64) for k, v in g.items()}
+        backend.step(0.1)
+    state = backend.state_dict()
+    for name in MODEL.param_shapes():
+        total = sum(g[name].astype(np.float64) ** 2 for g in grads)
+        np.testing.assert_allclose(state[f"optimizer.{name}.sum"], total, rtol=1e-12)
+        assert not np.array_equal(state[f"model.{name}"], start[f"model.{name}"])

@@ -3,10 +3,10 @@
 Every backend is held to :func:`unitrain.optim.apply_update`; this file holds that reference
 to the two libraries whose formulas it claims: the same float64 parameters, gradients and
 learning rates (changing at every update, which separates the conventions) go through
-``torch.optim.SGD / Adam / AdamW`` and through optax's own transforms (``trace``,
-``scale_by_adam``, ``add_decayed_weights``, with the learning rate applied per update as
-``optax.sgd`` and ``optax.adamw`` apply it), and the parameters after 40 updates must agree
-to float64 rounding.
+``torch.optim.SGD / Adam / AdamW / RMSprop`` and through optax's own transforms (``trace``,
+``scale_by_adam``, ``scale_by_rms``, ``scale_by_lion``, ``add_decayed_weights``, with the
+learning rate applied per update as ``optax.sgd`` and ``optax.adamw`` apply it), and the
+parameters after 40 updates must agree to float64 rounding.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ OPTIMIZERS = {
     "adam": optim.Adam(beta1=0.85, beta2=0.99, eps=1e-7),
     "adam_weight_decay": optim.Adam(weight_decay=0.01),
     "adamw": optim.AdamW(beta1=0.9, beta2=0.995, eps=1e-8, weight_decay=0.05),
+    "rmsprop": optim.RMSprop(),
+    "rmsprop_centered": optim.RMSprop(alpha=0.9, eps=1e-6, centered=True, weight_decay=0.01),
+    "rmsprop_momentum": optim.RMSprop(momentum=0.9),
+    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.8),
+    "lion": optim.Lion(),
+    "lion_weight_decay": optim.Lion(beta1=0.95, beta2=0.98, weight_decay=0.1),
 }
 
 
@@ -52,21 +58,27 @@ def reference(spec: optim.Optimizer) -> dict[str, np.ndarray]:
     return params
 
 
+#: optimizer type -> (torch.optim class, its settings besides lr and weight_decay).
+TORCH_OPTIMIZERS: dict[type, Callable[[Any], tuple[str, dict[str, Any]]]] = {
+    optim.SGD: lambda s: ("SGD", {"momentum": s.momentum, "nesterov": s.nesterov}),
+    optim.Adam: lambda s: ("Adam", {"betas": (s.beta1, s.beta2), "eps": s.eps}),
+    optim.AdamW: lambda s: ("AdamW", {"betas": (s.beta1, s.beta2), "eps": s.eps}),
+    optim.RMSprop: lambda s: (
+        "RMSprop",
+        {"alpha": s.alpha, "eps": s.eps, "centered": s.centered, "momentum": s.momentum},
+    ),
+}
+
+
 def with_torch(spec: optim.Optimizer) -> dict[str, np.ndarray]:
     torch = pytest.importorskip("torch")
     params, grads, lrs = inputs()
     tensors = {
         k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()
     }
-    kind: Any
-    if isinstance(spec, optim.Adam):
-        kind = torch.optim.AdamW if isinstance(spec, optim.AdamW) else torch.optim.Adam
-        settings: dict[str, Any] = {"betas": (spec.beta1, spec.beta2), "eps": spec.eps}
-    else:
-        kind = torch.optim.SGD
-        settings = {"momentum": spec.momentum, "nesterov": spec.nesterov}
+    name, settings = TORCH_OPTIMIZERS[type(spec)](spec)
     # foreach=False: the plain per-tensor loop, torch's formulas as written.
-    optimizer = kind(
+    optimizer = getattr(torch.optim, name)(
         tensors.values(), lr=0.0, weight_decay=spec.weight_decay, foreach=False, **settings
     )
     for g, lr in zip(grads, lrs):
@@ -78,6 +90,40 @@ def with_torch(spec: optim.Optimizer) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy() for k, v in tensors.items()}
 
 
+#: optimizer type -> the optax transforms computing its direction (before ``-lr``).
+OPTAX_CHAINS: dict[type, Callable[[Any, Any], list[Any]]] = {
+    # optax.sgd: trace (b = g + mu b), then -lr
+    optim.SGD: lambda optax, s: [
+        optax.add_decayed_weights(s.weight_decay),
+        optax.trace(decay=s.momentum, nesterov=s.nesterov),
+    ],
+    # L2: the decay joins the gradient first
+    optim.Adam: lambda optax, s: [
+        optax.add_decayed_weights(s.weight_decay),
+        optax.scale_by_adam(s.beta1, s.beta2, s.eps),
+    ],
+    # optax.adamw: -lr * (adam direction + wd * p)
+    optim.AdamW: lambda optax, s: [
+        optax.scale_by_adam(s.beta1, s.beta2, s.eps),
+        optax.add_decayed_weights(s.weight_decay),
+    ],
+    # torch's RMSprop: eps outside the root, and the momentum trace before -lr (optax.rmsprop
+    # itself traces after scaling by the LR, the Keras way, so its parts are chained here)
+    optim.RMSprop: lambda optax, s: [
+        optax.add_decayed_weights(s.weight_decay),
+        (optax.scale_by_stddev if s.centered else optax.scale_by_rms)(
+            decay=s.alpha, eps=s.eps, eps_in_sqrt=False
+        ),
+        optax.trace(decay=s.momentum),
+    ],
+    # optax.lion: sign of the b1 interpolation, then the decoupled decay, then -lr
+    optim.Lion: lambda optax, s: [
+        optax.scale_by_lion(b1=s.beta1, b2=s.beta2),
+        optax.add_decayed_weights(s.weight_decay),
+    ],
+}
+
+
 def with_optax(spec: optim.Optimizer) -> dict[str, np.ndarray]:
     pytest.importorskip("jax")
     optax = pytest.importorskip("optax")
@@ -87,16 +133,7 @@ def with_optax(spec: optim.Optimizer) -> dict[str, np.ndarray]:
     params, grads, lrs = inputs()
     with jax.enable_x64(True):  # float64 here only, not for the rest of the process
         p = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-        if isinstance(spec, optim.AdamW):  # optax.adamw: -lr * (adam direction + wd * p)
-            chain = [optax.scale_by_adam(spec.beta1, spec.beta2, spec.eps)]
-            chain.append(optax.add_decayed_weights(spec.weight_decay))
-        elif isinstance(spec, optim.Adam):  # L2: the decay joins the gradient first
-            chain = [optax.add_decayed_weights(spec.weight_decay)]
-            chain.append(optax.scale_by_adam(spec.beta1, spec.beta2, spec.eps))
-        else:  # optax.sgd: trace (b = g + mu b), then -lr
-            chain = [optax.add_decayed_weights(spec.weight_decay)]
-            chain.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
-        transform = optax.chain(*chain)
+        transform = optax.chain(*OPTAX_CHAINS[type(spec)](optax, spec))
         state = transform.init(p)
         for g, lr in zip(grads, lrs):
             updates, state = transform.update({k: jnp.asarray(v) for k, v in g.items()}, state, p)
@@ -110,8 +147,17 @@ ORACLES: dict[str, Callable[[optim.Optimizer], dict[str, np.ndarray]]] = {
 }
 
 
-@pytest.mark.parametrize("oracle", list(ORACLES))
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+#: Which library defines which optimizer: torch.optim has no Lion.
+ORACLE_TYPES = {"torch.optim": TORCH_OPTIMIZERS, "optax": OPTAX_CHAINS}
+PAIRS = [
+    (name, oracle)
+    for name, spec in OPTIMIZERS.items()
+    for oracle in ORACLES
+    if type(spec) in ORACLE_TYPES[oracle]
+]
+
+
+@pytest.mark.parametrize(("name", "oracle"), PAIRS)
 def test_the_reference_matches_torch_optim_and_optax(name: str, oracle: str) -> None:
     spec = OPTIMIZERS[name]
     want = ORACLES[oracle](spec)

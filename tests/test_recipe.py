@@ -134,3 +134,23 @@ def test_a_recipe_that_takes_the_config_sizes_its_schedule_to_the_epochs_set():
     assert three.schedule(3 * 45) == pytest.approx(1e-3)  # fully decayed as the run ends
     toml = load_recipe(ROOT / "examples" / "recipes" / "digits.toml", ["config.epochs=3"])
     assert toml.schedule.schedule.decay_steps == 9 * 45  # data: as written in the file
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [optim.RMSprop(centered=True, momentum=0.9), optim.Lion(weight_decay=0.1)],
+    ids=lambda o: o.type_name,
+)
+def test_a_toml_recipe_names_any_registered_optimizer(tmp_path, optimizer):
+    text = (ROOT / "examples" / "recipes" / "digits.toml").read_text()
+    start = text.index("[optimizer]")
+    end = text.index("[", start + 1)
+    fields = "\n".join(
+        f"{key} = {str(value).lower() if isinstance(value, bool) else repr(value)}"
+        for key, value in optimizer.to_dict().items()
+    )
+    path = tmp_path / "other.toml"
+    path.write_text(text[:start] + f"[optimizer]\n{fields}\n\n" + text[end:])
+    recipe = load_recipe(path)
+    assert recipe.optimizer == optimizer
+    assert recipe_from_dict(recipe_to_dict(recipe)).optimizer == optimizer

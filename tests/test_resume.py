@@ -24,6 +24,7 @@ from _backends import FRAMEWORKS, backend_param
 from unitrain import (
     CheckpointError,
     ConfigError,
+    RunState,
     Trainer,
     TrainerConfig,
     callbacks,
@@ -286,3 +287,28 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_exact(backend, tmp_path, un
     assert [r["epoch"] for r in rows] == [
         r["epoch"] for r in uninterrupted[backend]["metrics_file"]
     ]
+
+
+def test_run_state_is_handed_out_and_taken_back_by_the_trainer():
+    """run_state() is a copy of where the run stands; restore_run_state() continues from it,
+    including the running loss and the LR factor the next update is computed with."""
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    schedule = schedules.StepDecay(0.1, step_size=3, gamma=0.5)
+    config = TrainerConfig(epochs=2, batch_size=16)
+    first = Trainer(models.MLP((4, 3, 2)), backend="numpy", schedule=schedule, config=config)
+    first.fit((x, y))
+    first.lr_factor = 0.25
+    state = first.run_state()
+    assert (state.position.epoch, state.position.step, state.position.batch) == (2, 6, 0)
+    assert state.lr_factor == 0.25 and [row["epoch"] for row in state.history] == [1, 2]
+    first.history.append({"epoch": 3})  # the value is a copy, not a view
+    assert len(state.history) == 2
+
+    second = Trainer(models.MLP((4, 3, 2)), backend="numpy", schedule=schedule, config=config)
+    second.restore_run_state(RunState(state.position, 12.5, 40, 0.25, 3, state.history))
+    assert second.state == state.position and second.state is not state.position
+    assert second.lr == second.lr_at(6) == 0.1 * 0.5**2 * 0.25
+    assert second.skipped_steps == 3
+    assert second.running_totals() == (12.5, 40)
+    assert second.run_state() == RunState(state.position, 12.5, 40, 0.25, 3, state.history)

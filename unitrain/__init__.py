@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and 
     from unitrain.export import export_weights
     from unitrain.recipe import Recipe, load_recipe
     from unitrain.registry import get_backend, list_backends
-    from unitrain.trainer import Trainer, TrainState
+    from unitrain.trainer import RunState, Trainer, TrainState
 
 __version__ = "0.1.0"
 
@@ -52,6 +52,7 @@ _LAZY = {
     "list_backends": "unitrain.registry",
     "Trainer": "unitrain.trainer",
     "TrainState": "unitrain.trainer",
+    "RunState": "unitrain.trainer",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "FusedStep",
     "MissingFrameworkError",
     "NonFiniteError",
+    "RunState",
     "TrainState",
     "Trainer",
     "TrainerConfig",

@@ -4,6 +4,12 @@ The Trainer talks to a backend through :class:`Backend` and nothing else, so a n
 fits in a few hundred lines. Everything a backend returns from the hot path (losses, metric
 values) stays a framework scalar; the Trainer adds them up with ``+`` and turns them into host
 floats only at logging points, so no call here forces a device-to-host sync per step.
+
+An adapter imports the core only through public modules: this one (which also re-exports the
+helpers adapters share: :func:`check_state` and :func:`split_state` for the canonical state
+layout, :func:`as_pair` for a layer's pair fields), ``unitrain`` for the errors, and
+:mod:`unitrain.models`, :mod:`unitrain.optim`, :mod:`unitrain.precision` and
+:mod:`unitrain.strategy`.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from unitrain.models._base import as_pair
 from unitrain.optim import Optimizer
 from unitrain.precision import LossScaler
+from unitrain.state import check_state, split_state
 
 __all__ = [
+    "AvailableDevices",
     "Backend",
     "BackendOptions",
     "Batch",
@@ -28,6 +37,10 @@ __all__ = [
     "MultiStep",
     "Predict",
     "Prefetch",
+    "ToHost",
+    "as_pair",
+    "check_state",
+    "split_state",
 ]
 
 #: A batch is a tuple ``(inputs, targets)`` of arrays whose first axis is the example axis.
@@ -38,10 +51,13 @@ Batch = tuple[Any, Any]
 class Capabilities:
     """What a backend declares it can do; callers read this instead of guessing.
 
+    Only what its methods cannot show is declared here. An optional method (the fused
+    ``train_step``, ``train_steps``, ``to_host``, ...) is offered by defining it, and callers
+    test for it with ``isinstance(backend, FusedStep)`` and the other protocols below.
+
     Attributes:
         devices: device kinds the backend can run on (``"cpu"``, ``"gpu"``).
         dtypes: parameter dtypes it trains in (``"float32"``, ``"float64"``, ...).
-        fused_step: whether it offers ``train_step(batch, lr)``.
         bit_exact_resume: whether resuming from a checkpoint reproduces an uninterrupted run
             bit for bit on the same device in deterministic mode.
         portable_models: whether it builds :mod:`unitrain.models` architectures, so that its
@@ -60,7 +76,6 @@ class Capabilities:
 
     devices: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float32",)
-    fused_step: bool = False
     bit_exact_resume: bool = True
     portable_models: bool = True
     portable_layers: bool = False
@@ -121,7 +136,8 @@ class Backend(Protocol):
     A backend class is constructed as ``cls(model, options)`` where ``model`` is a portable
     :mod:`unitrain.models` model or a model native to the framework, and ``options`` is a
     :class:`BackendOptions`. A class may also offer a static ``available_devices()`` naming
-    the devices usable on this machine (``unitrain backends`` shows it).
+    the devices usable on this machine (:class:`AvailableDevices`; ``unitrain backends``
+    shows it).
     """
 
     name: str
@@ -185,9 +201,8 @@ class Backend(Protocol):
         """Return the versions of the framework packages in use, for checkpoints and reports."""
         ...
 
-    # Optional: ``to_host(values) -> list[np.ndarray]`` reads many device values (the losses
-    # the Trainer collects between logging points) back in one transfer; without it each is
-    # converted with ``numpy.asarray``.
+    # Optional methods are the runtime-checkable protocols below (FusedStep, ToHost, ...):
+    # a backend has one by defining its methods, and callers test it with isinstance.
 
 
 @runtime_checkable
@@ -244,6 +259,29 @@ class DeviceData(Protocol):
 
     def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
         """Like ``train_steps`` on the batches gathered by ``indices`` (``k x batch``)."""
+        ...
+
+
+@runtime_checkable
+class ToHost(Protocol):
+    """Optional: many device values read back to the host in one transfer."""
+
+    def to_host(self, values: list[Any]) -> list[Any]:
+        """``values`` (the losses collected between logging points) on the host, in order, as
+        numpy arrays or numpy scalars.
+
+        Without it the Trainer converts each value with ``numpy.asarray``.
+        """
+        ...
+
+
+@runtime_checkable
+class AvailableDevices(Protocol):
+    """Optional, on the backend class: the devices usable on this machine."""
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The device kinds (``"cpu"``, ``"gpu"``) this machine offers the backend now."""
         ...
 
 

@@ -23,12 +23,13 @@ __all__ = ["main"]
 
 
 def _backends(args: argparse.Namespace) -> int:
+    from unitrain.backend import AvailableDevices
     from unitrain.registry import get_backend, list_backends
 
     def devices_of(name: str) -> str:
         quiet_framework_import(name)
         cls: Any = get_backend(name)
-        found = cls.available_devices() if hasattr(cls, "available_devices") else None
+        found = cls.available_devices() if isinstance(cls, AvailableDevices) else None
         return ", ".join(found or cls.capabilities.devices)
 
     rows = []

@@ -71,15 +71,26 @@ def check_arrays(
             f"{name} is ragged: {len(inputs)} inputs but {len(targets)} targets; "
             "inputs and targets must have the same length"
         )
+    for label, array in (("inputs", inputs), ("targets", targets)):
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise DataError(f"{name} {label} contain {bad} NaN or infinite values; clean them")
+    _check_fits_model(inputs, targets, in_features, num_classes, name)
+
+
+def _check_fits_model(
+    inputs: np.ndarray,
+    targets: np.ndarray,
+    in_features: int | None,
+    num_classes: int | None,
+    name: str,
+) -> None:
+    """The part of :func:`check_arrays` that depends on the model: feature size, labels."""
     if in_features is not None and (inputs.ndim < 2 or inputs.shape[-1] != in_features):
         raise DataError(
             f"{name} has inputs of shape {inputs.shape[1:]}, but the model expects "
             f"{in_features} features per example"
         )
-    for label, array in (("inputs", inputs), ("targets", targets)):
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            bad = int(np.count_nonzero(~np.isfinite(array)))
-            raise DataError(f"{name} {label} contain {bad} NaN or infinite values; clean them")
     if num_classes is not None:
         if targets.dtype.kind not in "iu":
             raise DataError(
@@ -103,7 +114,9 @@ def check_source(
 ) -> None:
     """Raise :class:`DataError` if ``source`` cannot be trained on, before any training.
 
-    An :class:`ArrayLoader` is checked whole with :func:`check_arrays`. A native loader is
+    An :class:`ArrayLoader` checked its arrays whole when it was built (lengths, NaN and
+    infinite values), so only what depends on the model is checked here: reading a large
+    training set once more would cost as much as that first check. A native loader is
     checked on its first batch only: the usual mistakes (feature size, label range, an empty
     loader) show there, and reading one batch costs little where checking every batch would
     cost a host sync per step. Batches that are not a pair of host arrays (GPU tensors, dicts)
@@ -118,7 +131,7 @@ def check_source(
     """
     checks = {"in_features": in_features, "num_classes": num_classes}
     if isinstance(source, ArrayLoader):
-        check_arrays(source.inputs, source.targets, **checks, name=name)
+        _check_fits_model(source.inputs, source.targets, in_features, num_classes, name)
     elif isinstance(source, IterableSource):
         batch = next(iter(source.iterable), None)
         if batch is None:

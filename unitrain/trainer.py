@@ -9,55 +9,41 @@ at logging points, checkpoints and epoch ends.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unitrain import _inference, rng
-from unitrain._errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from unitrain._errors import CheckpointError, ConfigError
+from unitrain._evaluation import evaluate
+from unitrain._fit_loop import FitLoop
 from unitrain._lock import locked
-from unitrain._run_state import TrainState, restore, snapshot
-from unitrain._running import RunningLoss
-from unitrain.backend import (
-    Backend,
-    BackendOptions,
-    DeviceData,
-    DeviceOutputs,
-    FusedStep,
-    MultiStep,
-    Predict,
-    Prefetch,
-)
+from unitrain._run_state import RunState, TrainState, restore, snapshot
+from unitrain.backend import Backend, BackendOptions, Predict
 from unitrain.callbacks._base import CallbackList
-from unitrain.callbacks.model_checkpoint import ModelCheckpoint
-from unitrain.checkpoint import CheckpointWriter, list_checkpoints, save_checkpoint
-from unitrain.checkpoint._write import remove_leftovers
+from unitrain.checkpoint import (
+    CheckpointWriter,
+    list_checkpoints,
+    remove_leftovers,
+    save_checkpoint,
+)
 from unitrain.config import TrainerConfig, check_run_length
-from unitrain.data import ArrayLoader, BatchSource, as_batch_source, check_source
-from unitrain.metrics import MetricTotals, resolve_metrics
+from unitrain.data import BatchSource, as_batch_source, check_source
+from unitrain.metrics import resolve_metrics
 from unitrain.models import MLP
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
 from unitrain.schedules import AbstractSchedule, Constant
-from unitrain.strategy import (
-    Strategy,
-    check_splittable,
-    evaluate_over_workers,
-    strategy_for,
-    training_shards,
-)
+from unitrain.strategy import Strategy, check_splittable, strategy_for
 
-__all__ = ["TrainState", "Trainer"]
-
-Batch = tuple[Any, Any]
+__all__ = ["RunState", "TrainState", "Trainer"]
 
 
-class Trainer:
+class Trainer(FitLoop):
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
@@ -131,7 +117,6 @@ class Trainer:
             )
             self.backend = get_backend(backend)(model, options)
         self.strategy = strategy_for(self.backend, strategy)
-        self._parallel = self.strategy.world_size > 1
         if not self.strategy.is_main:  # progress bars and log files are rank 0's
             callbacks = [c for c in callbacks if not getattr(c, "main_process_only", False)]
         self.callbacks = CallbackList(callbacks)
@@ -153,38 +138,24 @@ class Trainer:
         self.lr_factor = 1.0
         #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
         self.stop_reason: str | None = None
-        # Workers weight their slice's loss before the engine reduces gradients, which needs
-        # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
-        fused_ok = config.grad_accum_steps == 1 and not self._parallel
-        self._fused = isinstance(self.backend, FusedStep) and fused_ok
-        self._skipped_before = 0  # skipped updates counted by backends of earlier sessions
-        self._skipped_reported = 0
-        self._multi_step = (
-            isinstance(self.backend, MultiStep) and config.steps_per_call > 1 and not self._parallel
-        )
-        if config.steps_per_call > 1 and not self._multi_step:
-            warnings.warn(
-                f"steps_per_call={config.steps_per_call}, but the {self.backend.name} backend "
-                "has no multi-step call; running one update per call",
-                stacklevel=2,
-            )
-        self._device_source: BatchSource | None = None  # the source copied to the device
-        self._running = RunningLoss(getattr(self.backend, "to_host", None))
+        self._init_loop()
         self._writer = CheckpointWriter()
-        self._last_lr = self.lr
         rng.seed_everything(config.seed)
 
     # -- public API ---------------------------------------------------------------------------
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update number ``step`` (0 is the first update).
+
+        The one place the LR is computed: the schedule's value times :attr:`lr_factor`. The
+        loop passes it to the backend, and logs, callbacks and checkpoints read what it gave.
+        """
+        return self.schedule(step) * self.lr_factor
+
     @property
     def lr(self) -> float:
         """The learning rate of the next update."""
-        return self.schedule(self.state.step) * self.lr_factor
-
-    @property
-    def skipped_steps(self) -> int:
-        """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
-        return self._skipped_before + self.backend.skipped_steps
+        return self.lr_at(self.state.step)
 
     @property
     def epoch_number(self) -> int:
@@ -229,8 +200,8 @@ class Trainer:
         check_splittable(source, self.strategy.world_size)
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
-        mine = [c.dirpath for c in self.callbacks.callbacks if isinstance(c, ModelCheckpoint)]
-        directories = [Path(d) for d in [self.config.checkpoint_dir, *mine] if d is not None]
+        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
+        directories = [Path(d) for d in [self.config.checkpoint_dir, *declared] if d is not None]
         directories = directories if self.strategy.is_main else []
         with locked(directories):
             for directory in directories:  # safe now: no other run writes there
@@ -259,8 +230,6 @@ class Trainer:
             )
         elif resume is not None:
             resumed = restore(self, resume)
-            if not self.strategy.is_main:  # the saved loss total is the sum over workers
-                self._running.reset()
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed
@@ -287,7 +256,8 @@ class Trainer:
     def test(self, data: Any) -> dict[str, float]:
         """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
         source = self._source(data, "test_data", shuffle=False)
-        return {f"test_{k}": v for k, v in self._evaluate(source, "test_data").items()}
+        results = evaluate(self.backend, self.strategy, self.metrics, source, "test_data")
+        return {f"test_{k}": v for k, v in results.items()}
 
     def predict(self, data: Any) -> np.ndarray:
         """The model's outputs (eval mode) for ``data``, as one numpy array.
@@ -347,217 +317,34 @@ class Trainer:
         self.strategy.barrier()
         return saved
 
-    # -- the loop -----------------------------------------------------------------------------
+    def run_state(self) -> RunState:
+        """Where the run stands besides its tensors: what a checkpoint records of the Trainer.
 
-    def _run_epoch(self, source: BatchSource, val_source: BatchSource | None) -> None:
-        epoch, started = self.state.epoch, time.perf_counter()
-        if self.state.batch == 0:
-            self._reset_running()
-        self.callbacks.call("on_epoch_begin", self, epoch)
-        one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
-        one_batch_updates = one_batch_updates and not self._parallel
-        if one_batch_updates and self._device_source is not source:
-            batches = source.batches(epoch, self.state.batch)
-            if isinstance(self.backend, Prefetch):
-                batches = self.backend.prefetch(batches)
-            self._train_batches(batches)
-        else:
-            for kind, payload, steps, batch_size in self._units(source, epoch):
-                if kind == "group":
-                    self._train_group(payload)
-                else:
-                    self._train_steps(kind, payload, steps, batch_size)
-                if self.state.stop_training:
-                    break
-        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
-        logs.update(self._read_running())
-        last = epoch + 1 == self.config.epochs or self.state.stop_training
-        if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
-            logs.update(self._validate(val_source))  # checked once, when fit began
-        logs["seconds"] = time.perf_counter() - started
-        self.history.append(logs)
-        self.state.epoch, self.state.batch = epoch + 1, 0
-        self._reset_running()
-        self.callbacks.call("on_epoch_end", self, epoch, logs)
-
-    def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
-        """The epoch's work from the current position: ``(kind, payload, updates, batch)``.
-
-        ``group`` units are one update from ``grad_accum_steps`` micro-batches; ``stacked``
-        and ``indexed`` units are ``steps_per_call`` updates in one compiled call, on host
-        batches stacked together or on indices into the data kept on the device. Batches
-        that do not fill a whole call (the end of an epoch) go one update at a time.
+        Under several workers every worker calls this: the running loss is summed over them.
         """
-        start, k = self.state.batch, self.config.steps_per_call
-        if self._device_source is source:
-            assert isinstance(source, ArrayLoader)
-            order, size = source.order(epoch), source.batch_size
-            full = len(order) // size
-            while start + k <= full:
-                yield "indexed", order[start * size : (start + k) * size].reshape(k, size), k, size
-                start += k
-        batches = source.batches(epoch, start)
-        if k > 1 and self._multi_step:
-            while chunk := list(islice(batches, k)):
-                sizes = {len(batch[0]) for batch in chunk}
-                if len(chunk) < k or len(sizes) > 1:
-                    yield from (("group", [batch], 1, len(batch[0])) for batch in chunk)
-                    continue
-                stacked = (np.stack([b[0] for b in chunk]), np.stack([b[1] for b in chunk]))
-                yield "stacked", stacked, k, sizes.pop()
-            return
-        while group := list(islice(batches, self.config.grad_accum_steps)):
-            yield "group", group, 1, 0
+        loss_sum, loss_count = self.running_totals()
+        return RunState(
+            dataclasses.replace(self.state),
+            loss_sum=loss_sum,
+            loss_count=loss_count,
+            lr_factor=self.lr_factor,
+            skipped_steps=self.skipped_steps,
+            history=list(self.history),
+        )
 
-    def _train_batches(self, batches: Iterator[Batch]) -> None:
-        """One update per batch: the default path, kept free of per-step overhead.
+    def restore_run_state(self, state: RunState) -> None:
+        """Continue from ``state`` (as :meth:`run_state` gave it, or a checkpoint held it).
 
-        Equal to :meth:`_train_group` on one-batch groups. What cannot change within the
-        epoch is looked up once; per update the loop computes the LR, runs the backend's
-        fused step (or forward, backward and step), records the loss (no host sync) and
-        counts. Hooks are called only when some callback defines them.
+        The backend's skipped updates of this session start at zero, so the saved count is
+        kept apart and added; under several workers rank 0 takes the saved loss total (the
+        sum over all workers) and the others start from zero.
         """
-        backend, callbacks, running = self.backend, self.callbacks, self._running
-        update = backend.train_step if self._fused else self._update
-        begin = callbacks.hooks["on_batch_begin"]
-        for batch in batches:
-            lr = self.schedule(self.state.step) * self.lr_factor
-            if begin:
-                callbacks.call("on_batch_begin", self, self.state.batch)
-            running.add(update(batch, lr), len(batch[0]))
-            self._after_update(1, 1, lr)
-            if self.state.stop_training:
-                break
-
-    def _update(self, batch: Batch, lr: float) -> Any:
-        """``forward; backward; step``: one update from one batch, for unfused backends."""
-        loss = self.backend.forward(batch)
-        self.backend.backward()
-        self.backend.step(lr)
-        return loss
-
-    def _train_steps(self, kind: str, payload: Any, steps: int, batch_size: int) -> None:
-        """``steps`` updates in one compiled call of the backend."""
-        state = self.state
-        lrs = np.array([self.schedule(state.step + i) for i in range(steps)]) * self.lr_factor
-        self.callbacks.call("on_batch_begin", self, state.batch)
-        run = self.backend.train_steps_on_device if kind == "indexed" else self.backend.train_steps
-        self._running.add(run(payload, lrs), batch_size, steps)
-        self._after_update(steps, steps, float(lrs[-1]))
-
-    def _train_group(self, group: list[Batch]) -> None:
-        """One optimizer update from ``group``'s micro-batches, weighted by their sizes."""
-        backend, state = self.backend, self.state
-        lr = self.schedule(state.step) * self.lr_factor
-        self.callbacks.call("on_batch_begin", self, state.batch)
-        if self._fused:
-            self._running.add(backend.train_step(group[0], lr), len(group[0][0]))
-        else:
-            sizes = [len(batch[0]) for batch in group]
-            total = sum(sizes)
-            for batch, n in zip(group, sizes):
-                for shard, weight in training_shards(self.strategy, batch):
-                    self._running.add(backend.forward(shard), len(shard[0]))
-                    backend.backward(weight * n / total)
-            backend.step(lr)
-        self._after_update(1, len(group), lr)
-
-    def _after_update(self, steps: int, batches: int, lr: float) -> None:
-        """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``.
-
-        Between logging points, with no ``on_batch_end`` hook, only the counting is done.
-        """
-        state = self.state
-        state.step += steps
-        state.batch += batches
-        self._last_lr = lr
-        every, hooked = self.config.log_every_n_steps, self.callbacks.hooks["on_batch_end"]
-        logging = state.step // every > (state.step - steps) // every
-        if not (logging or hooked):
-            return
-        logs: dict[str, Any] = {"step": state.step, "lr": lr}
-        if logging:
-            logs.update(self._read_running())
-        if hooked:
-            self.callbacks.call("on_batch_end", self, state.batch, logs)
-
-    def _reset_running(self) -> None:
-        self._running.reset()
-        self._last_lr = self.lr
-
-    def _read_running(self) -> dict[str, Any]:
-        """Read the running metrics back to the host (the only sync point) and check them."""
-        skipped = self.skipped_steps
-        if skipped > self._skipped_reported:
-            self._on_nonfinite(skipped - self._skipped_reported)
-            self._skipped_reported = skipped
-        total, count = self.running_totals()
-        return {"loss": total / count if count else float("nan"), "skipped_steps": skipped}
-
-    def running_totals(self) -> tuple[float, int]:
-        """The epoch's summed training loss and example count so far, over all workers."""
-        total, count = self.strategy.all_sum([self._running.total(), self._running.count])
-        return total, round(count)
-
-    def _on_nonfinite(self, new: int) -> None:
-        where = f"{new} update(s) up to step {self.state.step}"
-        policy = self.config.nonfinite
-        if policy == "raise":
-            raise NonFiniteError(
-                f"non-finite loss or gradient in {where}; those updates were skipped, so the "
-                "weights hold no NaN. Lower the learning rate, clip gradients "
-                "(grad_clip_norm), check the data, or set nonfinite='skip_batch' to go on."
-            )
-        if policy == "stop":
-            warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
-            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
-
-    def _place_on_device(self, source: BatchSource) -> None:
-        """Copy the training arrays to the device once, when configured and possible."""
-        if not self.config.data_on_device or self._device_source is source:
-            return
-        if self._parallel:
-            warnings.warn(
-                "data_on_device=True is a single-worker path; with several workers each one "
-                "takes its slice of every batch from the host",
-                stacklevel=3,
-            )
-        elif not isinstance(self.backend, DeviceData):
-            warnings.warn(
-                f"data_on_device=True, but the {self.backend.name} backend cannot keep data on "
-                "the device; batches are sent from the host",
-                stacklevel=3,
-            )
-        elif isinstance(source, ArrayLoader):
-            self.backend.set_device_data(source.inputs, source.targets)
-            self._device_source = source
-
-    def _validate(self, source: BatchSource) -> dict[str, float]:
-        self.callbacks.call("on_validation_begin", self)
-        metrics = {f"val_{k}": v for k, v in self._evaluate(source, "val_data").items()}
-        self.callbacks.call("on_validation_end", self, metrics)
-        return metrics
-
-    def _evaluate(self, source: BatchSource, label: str) -> dict[str, float]:
-        if self._parallel and not self.metrics:  # each worker its slices, summed over them
-            return evaluate_over_workers(self.backend, self.strategy, source.batches(0), label)
-        # One worker, or metrics beyond the loss: every worker evaluates every example.
-        sums: dict[str, Any] = {}
-        count = 0
-        totals = MetricTotals(self.metrics)
-        for batch in source.batches(0):
-            n = len(batch[0])
-            for key, value in self.backend.evaluate(batch).items():
-                sums[key] = sums.get(key, 0.0) + value * n
-            count += n
-            if self.metrics and isinstance(self.backend, DeviceOutputs):
-                outputs, targets = self.backend.outputs(batch)  # stay on the device
-                totals.add(outputs, targets, batch[1], self.backend.array_ops)
-            elif self.metrics:
-                totals.add(self.backend.predict(batch[0]), batch[1], batch[1])
-        if count == 0:
-            raise DataError(f"{label} yielded no batches; pass at least one example")
-        return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}
+        self.state = dataclasses.replace(state.position)
+        self.lr_factor = state.lr_factor
+        self.history = list(state.history)
+        main = self.strategy.is_main
+        loss_sum, loss_count = (state.loss_sum, state.loss_count) if main else (0.0, 0)
+        self._start_counters(loss_sum, loss_count, state.skipped_steps)
 
     # -- data and resume ----------------------------------------------------------------------
 

@@ -17,8 +17,10 @@ is (the Trainer's logging points).
   and backends that share model, loss and optimizer share compiled code
   (:mod:`.compiled`).
 
-Backend-specific fast paths, not used by the Trainer: :meth:`JaxBackend.train_steps` runs k
-updates in one ``lax.scan``, and :meth:`JaxBackend.set_device_data` +
+Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
+(the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
+protocols): :meth:`JaxBackend.train_steps` runs k updates in one ``lax.scan``, and, with
+``data_on_device``, :meth:`JaxBackend.set_device_data` +
 :meth:`JaxBackend.train_steps_on_device` keep the training set on the device and gather each
 batch by index inside the compiled loop. Both equal k :meth:`JaxBackend.train_step` calls
 bit for bit on CPU (tested).
@@ -42,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax.compiled import (
     SKIPPED,
@@ -80,7 +82,6 @@ from unitrain.precision import (
     compute_dtype,
     require_precision,
 )
-from unitrain.state import check_state
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
@@ -99,7 +100,6 @@ class JaxBackend:
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32",),
-        fused_step=True,
         portable_layers=True,
         data_parallel=True,
         precisions={

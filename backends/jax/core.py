@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 
 __all__ = [
     "ResidentScalar",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.strategy import worker_shard
 
 __all__ = [
@@ -82,7 +82,7 @@ class JaxDistributed:
             )
         self.world_size, self.rank = world_size, rank
         # One device per worker, in process order, even when a worker has several.
-        first = {}
+        first: dict[int, Any] = {}
         for device in jax.devices():
             first.setdefault(device.process_index, device)
         self._mesh = Mesh(np.array([first[p] for p in range(world_size)]), ("workers",))

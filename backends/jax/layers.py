@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
+from unitrain.backend import as_pair
 from unitrain.models import (
     GELU,
     MLP,
@@ -43,7 +44,6 @@ from unitrain.models import (
     Tanh,
     TransformerBlock,
 )
-from unitrain.models._base import as_pair
 
 __all__ = ["layers_apply"]
 

@@ -16,7 +16,7 @@ references costs one transfer per page.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -102,7 +102,7 @@ class LossLog:
                 values.append(page.host()[index])
         return values
 
-    def read_values(self, values: list[Any], on_cpu: bool) -> list[np.ndarray]:
+    def read_values(self, values: list[Any], on_cpu: bool) -> list[Any]:
         """Many values on the host, in order: :class:`LossRef` s from this log, one transfer
         per page; other device values one by one on the CPU (~0.5 µs each, where
         ``jax.device_get``'s batched path costs ~4 µs), and in one batched ``device_get`` on
@@ -110,7 +110,7 @@ class LossLog:
         refs = [v for v in values if type(v) is LossRef]
         if len(refs) == len(values):
             return self.read(refs)
-        read = iter(self.read(refs))
+        read: Iterator[Any] = iter(self.read(refs))
         others = [v for v in values if type(v) is not LossRef]
         converted = iter([np.asarray(v) for v in others] if on_cpu else jax.device_get(others))
         return [next(read if type(v) is LossRef else converted) for v in values]

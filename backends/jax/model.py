@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.backends.jax.layers import layers_apply
 from unitrain.models import MLP
 

@@ -5,7 +5,9 @@ SGD is optax's own ``chain(add_decayed_weights(wd), sgd(lr, momentum, nesterov))
 reference of :mod:`unitrain.optim`. Adam and AdamW are :func:`torch_adam`, because
 ``optax.adam`` computes ``1 - b2**t`` from a float32 ``b2`` (0.999 rounds to 0.99900001), a
 1.3e-5 relative error in the bias correction that drifts 2.7e-6 from the float64 reference
-over 100 steps.
+over 100 steps. Lion is optax's own parts. RMSprop is written here (its state a
+:class:`SlotState`): optax's ``scale_by_rms`` puts eps inside the square root by default and
+``optax.rmsprop`` applies the LR before the momentum trace.
 
 :func:`build_optimizer` returns a function of the learning rate, which the jitted update
 calls with its traced ``lr`` argument: a new learning rate every step never recompiles, and
@@ -27,6 +29,8 @@ import optax
 from unitrain import optim
 
 __all__ = [
+    "OPTIMIZERS",
+    "SlotState",
     "TorchAdamState",
     "build_optimizer",
     "export_slots",
@@ -112,11 +116,114 @@ def torch_adam(
     return optax.GradientTransformation(init, update)
 
 
-def build_optimizer(spec: optim.Optimizer) -> Callable[[Any], optax.GradientTransformation]:
+def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
+        # momentum keeps the arithmetic (and the state) exactly the reference's, which
+        # skips both when they are zero, and every level of nesting in the state is a
+        # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
+        # in a chain cost ~4 µs of a ~20 µs W2 step).
+        parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
+        if spec.momentum:
+            parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
+        parts.append(optax.scale_by_learning_rate(learning_rate))
+        return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+    return at
+
+
+def _adam(spec: optim.AbstractAdam) -> Callable[[Any], optax.GradientTransformation]:
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        return torch_adam(
+            learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            decoupled=spec.decoupled,
+        )
+
+    return at
+
+
+class SlotState(NamedTuple):
+    """State of the transforms written here for optimizers optax has no torch-exact form of:
+    one params-shaped pytree per slot the optimizer declares."""
+
+    slots: dict[str, Any]
+
+
+def _slot_state(spec: optim.AbstractOptimizer, params: Any) -> SlotState:
+    return SlotState({slot: jax.tree.map(jnp.zeros_like, params) for slot in spec.state_slots})
+
+
+def _rmsprop(spec: optim.RMSprop) -> Callable[[Any], optax.GradientTransformation]:
+    # torch's definition: optax's scale_by_rms puts eps inside the square root by default, and
+    # optax.rmsprop traces the momentum after scaling by the LR (the Keras convention).
+    alpha, eps, momentum, decay = spec.alpha, spec.eps, spec.momentum, spec.weight_decay
+
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        def update(grads: Any, state: SlotState, params: Any = None) -> tuple[Any, Any]:
+            if decay:
+                grads = jax.tree.map(lambda g, p: g + decay * p, grads, params)
+            old, new = state.slots, {}
+            new["square_avg"] = jax.tree.map(
+                lambda s, g: alpha * s + (1.0 - alpha) * (g * g), old["square_avg"], grads
+            )
+            variance = new["square_avg"]
+            if spec.centered:
+                new["grad_avg"] = jax.tree.map(
+                    lambda a, g: alpha * a + (1.0 - alpha) * g, old["grad_avg"], grads
+                )
+                variance = jax.tree.map(lambda s, a: s - a * a, variance, new["grad_avg"])
+            direction = jax.tree.map(lambda g, v: g / (jnp.sqrt(v) + eps), grads, variance)
+            if momentum:
+                new["momentum"] = jax.tree.map(
+                    lambda b, d: momentum * b + d, old["momentum"], direction
+                )
+                direction = new["momentum"]
+            updates = jax.tree.map(lambda d: -learning_rate * d, direction)
+            return updates, SlotState(new)
+
+        return optax.GradientTransformation(lambda params: _slot_state(spec, params), update)
+
+    return at
+
+
+def _lion(spec: optim.Lion) -> Callable[[Any], optax.GradientTransformation]:
+    def at(learning_rate: Any) -> optax.GradientTransformation:
+        # optax.lion's own parts: the sign of the beta1 interpolation, the momentum's beta2
+        # update, then the decay added to the sign before -lr, the reference's one expression.
+        parts = [optax.scale_by_lion(b1=spec.beta1, b2=spec.beta2)]
+        if spec.weight_decay:
+            parts.append(optax.add_decayed_weights(spec.weight_decay))
+        parts.append(optax.scale_by_learning_rate(learning_rate))
+        return optax.chain(*parts)
+
+    return at
+
+
+#: Optimizer type -> ``make(spec)``, which returns the transformation at a learning rate.
+#: A type missing here is refused.
+OPTIMIZERS: dict[type[optim.AbstractOptimizer], Callable[[Any], Any]] = {
+    optim.SGD: _sgd,
+    optim.Adam: _adam,
+    optim.AdamW: _adam,
+    optim.RMSprop: _rmsprop,
+    optim.Lion: _lion,
+}
+
+
+def build_optimizer(
+    spec: optim.AbstractOptimizer,
+) -> Callable[[Any], optax.GradientTransformation]:
     """The optax transformation for ``spec`` at a given learning rate (traced or not).
 
     The state's structure does not depend on the learning rate, so ``init`` may come from
     any value.
+
+    Raises:
+        ConfigError: :data:`OPTIMIZERS` has no entry for the optimizer's type.
 
     Examples:
         >>> opt = build_optimizer(optim.SGD(momentum=0.9))
@@ -124,33 +231,9 @@ def build_optimizer(spec: optim.Optimizer) -> Callable[[Any], optax.GradientTran
         >>> [type(node).__name__ for node in jax.tree.leaves(state, is_leaf=_is_slot_node)]
         ['TraceState']
     """
-    if isinstance(spec, optim.Adam):
-
-        def at(learning_rate: Any) -> optax.GradientTransformation:
-            return torch_adam(
-                learning_rate,
-                beta1=spec.beta1,
-                beta2=spec.beta2,
-                eps=spec.eps,
-                weight_decay=spec.weight_decay,
-                decoupled=isinstance(spec, optim.AdamW),
-            )
-
-    else:
-
-        def at(learning_rate: Any) -> optax.GradientTransformation:
-            # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
-            # momentum keeps the arithmetic (and the state) exactly the reference's, which
-            # skips both when they are zero, and every level of nesting in the state is a
-            # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
-            # in a chain cost ~4 µs of a ~20 µs W2 step).
-            parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
-            if spec.momentum:
-                parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
-            parts.append(optax.scale_by_learning_rate(learning_rate))
-            return parts[0] if len(parts) == 1 else optax.chain(*parts)
-
-    return at
+    make: Callable[[Any], Callable[[Any], optax.GradientTransformation]]
+    make = optim.implementation(OPTIMIZERS, spec, "jax")
+    return make(spec)
 
 
 def guarded_update(
@@ -217,23 +300,33 @@ def _all_finite(leaves: list[jax.Array]) -> jax.Array:
     return jnp.isfinite(sum(jnp.sum(g) for g in leaves))
 
 
-#: Canonical state suffix -> field of the optax state node that holds it.
-_SLOT_FIELDS = {"momentum": "trace", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
-_SLOT_NODES = (optax.TraceState, TorchAdamState)
+#: State node type -> {canonical slot: the node's field that holds it}.
+_SLOT_FIELDS: dict[type, dict[str, str]] = {
+    optax.TraceState: {"momentum": "trace"},
+    TorchAdamState: {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
+    optax.ScaleByLionState: {"exp_avg": "mu"},
+}
+_SLOT_NODES = (*_SLOT_FIELDS, SlotState)
 
 
 def _is_slot_node(node: Any) -> bool:
     return isinstance(node, _SLOT_NODES)
 
 
-def export_slots(spec: optim.Optimizer, opt_state: Any) -> dict[str, Any]:
+def export_slots(spec: optim.AbstractOptimizer, opt_state: Any) -> dict[str, Any]:
     """Canonical per-parameter optimizer state: ``{suffix: params-shaped pytree}``."""
     nodes = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_slot_node) if _is_slot_node(n)]
     slots = {}
-    for suffix in spec.state_suffixes:
-        field = _SLOT_FIELDS[suffix]
-        slots[suffix] = next(getattr(n, field) for n in nodes if hasattr(n, field))
+    for slot in spec.state_slots:
+        slots[slot] = next(value for n in nodes if (value := _slot_of(n, slot)) is not None)
     return slots
+
+
+def _slot_of(node: Any, slot: str) -> Any:
+    if isinstance(node, SlotState):
+        return node.slots.get(slot)
+    field = _SLOT_FIELDS[type(node)].get(slot)
+    return None if field is None else getattr(node, field)
 
 
 def import_slots(opt_state: Any, slots: Mapping[str, Any], step: int) -> Any:
@@ -246,6 +339,10 @@ def import_slots(opt_state: Any, slots: Mapping[str, Any], step: int) -> Any:
     def replace(node: Any) -> Any:
         if isinstance(node, optax.TraceState):
             return node._replace(trace=slots["momentum"])
+        if isinstance(node, SlotState):
+            return SlotState({slot: slots[slot] for slot in node.slots})
+        if isinstance(node, optax.ScaleByLionState):
+            return node._replace(count=jnp.asarray(step, jnp.int32), mu=slots["exp_avg"])
         if isinstance(node, TorchAdamState):
             counter = jnp.asarray(step, jnp.int32)
             return TorchAdamState(counter, slots["exp_avg"], slots["exp_avg_sq"])

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import optim
-from unitrain._errors import ConfigError
+from unitrain import ConfigError, optim
+from unitrain.backend import split_state
 from unitrain.backends.jax.compiled import APPLIED, GOOD_STEPS, SCALE_EXPONENT, DeviceState
 from unitrain.backends.jax.model import (
     flatten_params,
@@ -17,7 +17,6 @@ from unitrain.backends.jax.model import (
 )
 from unitrain.backends.jax.optimizers import export_slots, import_slots
 from unitrain.precision import GOOD_STEPS_KEY, SCALE_KEY, take_scaler_state
-from unitrain.state import split_state
 
 __all__ = ["StateLayout"]
 
@@ -90,11 +89,11 @@ class StateLayout:
             self.state_template, {k: put(np.array(model[k], dtypes[k])) for k in dtypes}
         )
         slots = {
-            suffix: unflatten_params(
+            slot: unflatten_params(
                 self.template,
-                {name: device_array(opt[f"{name}.{suffix}"]) for name in self.names},
+                {name: device_array(opt[f"{name}.{slot}"]) for name in self.names},
             )
-            for suffix in optimizer.state_suffixes
+            for slot in optimizer.state_slots
         }
         opt_state = put(import_slots(init_opt_state(params), slots, step))
         counters = np.asarray(current.counters).copy()

@@ -3,7 +3,9 @@
 It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
 (:mod:`.layers`, :mod:`.model`) and the reference optimizer rules of
 :mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
-checked by reading it.
+checked by reading it. Unlike the other adapters it keeps no optimizer table: each optimizer's
+own ``reference_update`` *is* the rule, so every optimizer, a third party's included, has
+its oracle here.
 
 Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike:
 the parameters a pass reads, its input and every layer's output (and, backwards, every
@@ -22,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import optim
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError, optim
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.numpy.layers import Run
 from unitrain.backends.numpy.model import build
 from unitrain.backends.numpy.precision import rounding
@@ -37,7 +38,6 @@ from unitrain.precision import (
     require_precision,
     take_scaler_state,
 )
-from unitrain.state import check_state, split_state
 
 __all__ = ["NumpyBackend"]
 
@@ -218,7 +218,6 @@ class NumpyBackend:
         """The model's outputs for ``inputs`` in eval mode."""
         with np.errstate(all="ignore"):
             out = self._run(inputs, train=False)
-        self._cache = []
         return out
 
     #: The array functions metrics use (see :meth:`outputs`).

@@ -17,7 +17,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from scipy import special
 
-from unitrain._errors import DataError
+from unitrain import DataError
+from unitrain.backend import as_pair
 from unitrain.models import (
     GELU,
     AvgPool2d,
@@ -36,7 +37,6 @@ from unitrain.models import (
     SiLU,
     Tanh,
 )
-from unitrain.models._base import as_pair
 
 __all__ = ["LEAVES", "Node", "Run"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.backends.numpy.layers import LEAVES, Node, Run
 from unitrain.models import (
     GELU,

@@ -15,8 +15,10 @@ value leaves parameters and optimizer state untouched and adds one to a device-s
 counter), updates, and zeros the buffers. ``train_step``
 fuses the three into one function without the buffers.
 
-Backend-specific fast paths, not used by the Trainer yet: :meth:`TensorFlowBackend.train_steps`
-runs k updates in one call over batches stacked on a new leading axis, and
+Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
+(the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
+protocols): :meth:`TensorFlowBackend.train_steps` runs k updates in one call over batches
+stacked on a new leading axis, and, with ``data_on_device``,
 :meth:`TensorFlowBackend.set_device_data` + :meth:`TensorFlowBackend.train_steps_on_device`
 keep the whole training set on the device and gather each batch by index inside the call.
 Both equal k single ``train_step`` calls.
@@ -41,9 +43,10 @@ import numpy as np
 import tensorflow as tf  # absolute: the framework, not this module
 import tensorflow.experimental.numpy as tnp
 
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.tensorflow import model as tf_model
+from unitrain.backends.tensorflow import optimizers
 from unitrain.backends.tensorflow.compiled import CompiledGraphs
 from unitrain.backends.tensorflow.core import (
     make_deterministic,
@@ -69,7 +72,6 @@ from unitrain.backends.tensorflow.precision import (
 from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
-from unitrain.state import check_state, split_state
 
 __all__ = ["TensorFlowBackend"]
 
@@ -91,7 +93,6 @@ class TensorFlowBackend(CompiledGraphs):
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=tuple(_DTYPES),
-        fused_step=True,
         bit_exact_resume=True,
         portable_layers=True,
         data_parallel=True,
@@ -149,9 +150,10 @@ class TensorFlowBackend(CompiledGraphs):
                     f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
                     f"got {wrong}"
                 )
+            optimizers.rule_for(options.optimizer)  # refuse a type the table lacks, now
             self.slots = {
-                suffix: [zeros_variable(p) for p in self.params.values()]
-                for suffix in options.optimizer.state_suffixes
+                slot: [zeros_variable(p) for p in self.params.values()]
+                for slot in options.optimizer.state_slots
             }
             self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -343,11 +345,11 @@ class TensorFlowBackend(CompiledGraphs):
     # -- state -------------------------------------------------------------------------------
 
     def _optimizer_variables(self) -> dict[str, tf.Variable]:
-        """Optimizer slots under canonical names (``<param>.<suffix>``), param-major order."""
+        """Optimizer slots under canonical names (``<param>.<slot>``), param-major order."""
         named: dict[str, tf.Variable] = {}
         for index, name in enumerate(self.params):
-            for suffix, variables in self.slots.items():
-                named[f"{name}.{suffix}"] = variables[index]
+            for slot, variables in self.slots.items():
+                named[f"{name}.{slot}"] = variables[index]
         return named
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF 
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 
 __all__ = [
     "make_deterministic",

@@ -16,7 +16,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
+from unitrain.backend import as_pair
 from unitrain.models import (
     GELU,
     MLP,
@@ -41,7 +42,6 @@ from unitrain.models import (
     Tanh,
     TransformerBlock,
 )
-from unitrain.models._base import as_pair
 
 __all__ = ["TFPortable"]
 

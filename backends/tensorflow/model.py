@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF's C++ logging st
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.models import MLP
 
 __all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables", "per_example_loss"]

@@ -9,13 +9,20 @@ epsilon outside the bias correction, which misses the torch-semantics reference 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf  # absolute: the framework, not this package
 
 from unitrain import optim
 
-__all__ = ["all_finite", "clip_coefficient", "global_norm", "update_parameters"]
+__all__ = [
+    "OPTIMIZERS",
+    "all_finite",
+    "clip_coefficient",
+    "global_norm",
+    "rule_for",
+    "update_parameters",
+]
 
 
 def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -47,28 +54,34 @@ def clip_coefficient(norm: tf.Tensor, max_norm: float, dtype: tf.DType) -> tf.Te
 
 
 def update_parameters(
-    spec: optim.Optimizer,
+    spec: optim.AbstractOptimizer,
     params: Sequence[tf.Variable],
     grads: Sequence[tf.Tensor],
     slots: dict[str, list[tf.Variable]],
     step: tf.Tensor,
     lr: tf.Tensor,
 ) -> None:
-    """Apply the reference update of :mod:`unitrain.optim` to ``params`` and ``slots``.
+    """Apply the reference update of ``spec`` to ``params`` and ``slots``, by its table entry.
 
     Args:
         spec: the optimizer description.
         params: the variables to update.
         grads: one gradient per parameter (already clipped).
-        slots: per-parameter state by suffix (``momentum``; ``exp_avg``, ``exp_avg_sq``).
+        slots: per-parameter state by slot name (``spec.state_slots``).
         step: int64 scalar, updates applied before this one.
         lr: learning rate, a scalar tensor of the parameters' dtype (never a constant, so a new
             value every step does not retrace).
     """
-    if isinstance(spec, optim.Adam):
-        _adam(spec, params, grads, slots, step, lr)
-    else:
-        _sgd(spec, params, grads, slots, lr)
+    rule_for(spec)(spec, params, grads, slots, step, lr)
+
+
+def rule_for(spec: optim.AbstractOptimizer) -> _Rule:
+    """The update rule of ``spec`` from :data:`OPTIMIZERS`.
+
+    Raises:
+        ConfigError: the table has no entry for the optimizer's type.
+    """
+    return optim.implementation(OPTIMIZERS, spec, "tensorflow")
 
 
 def _sgd(
@@ -76,6 +89,7 @@ def _sgd(
     params: Sequence[tf.Variable],
     grads: Sequence[tf.Tensor],
     slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
     lr: tf.Tensor,
 ) -> None:
     for index, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -92,7 +106,7 @@ def _sgd(
 
 
 def _adam(
-    spec: optim.Adam,
+    spec: optim.AbstractAdam,
     params: Sequence[tf.Variable],
     grads: Sequence[tf.Tensor],
     slots: dict[str, list[tf.Variable]],
@@ -104,7 +118,7 @@ def _adam(
     t = tf.cast(step + 1, tf.float64)
     bias_correction1 = 1.0 - tf.pow(tf.constant(spec.beta1, tf.float64), t)
     sqrt_bias_correction2 = tf.sqrt(1.0 - tf.pow(tf.constant(spec.beta2, tf.float64), t))
-    decoupled = isinstance(spec, optim.AdamW)
+    decoupled = spec.decoupled
     for index, (p, g) in enumerate(zip(params, grads, strict=True)):
         dtype = p.dtype
         if spec.weight_decay and not decoupled:
@@ -123,3 +137,65 @@ def _adam(
         if decoupled and spec.weight_decay:
             direction = direction + tf.constant(spec.weight_decay, dtype) * p
         p.assign_sub(lr * direction)
+
+
+def _rmsprop(
+    spec: optim.RMSprop,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    # torch's definition (Keras's RMSprop puts eps inside the square root).
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        alpha, one_minus = tf.constant(spec.alpha, dtype), tf.constant(1.0 - spec.alpha, dtype)
+        if spec.weight_decay:
+            g = g + tf.constant(spec.weight_decay, dtype) * p
+        square_avg = alpha * slots["square_avg"][index] + one_minus * (g * g)
+        slots["square_avg"][index].assign(square_avg)
+        if spec.centered:
+            grad_avg = alpha * slots["grad_avg"][index] + one_minus * g
+            slots["grad_avg"][index].assign(grad_avg)
+            square_avg = square_avg - grad_avg * grad_avg
+        direction = g / (tf.sqrt(square_avg) + tf.constant(spec.eps, dtype))
+        if spec.momentum:
+            direction = tf.constant(spec.momentum, dtype) * slots["momentum"][index] + direction
+            slots["momentum"][index].assign(direction)
+        p.assign_sub(lr * direction)
+
+
+def _lion(
+    spec: optim.Lion,
+    params: Sequence[tf.Variable],
+    grads: Sequence[tf.Tensor],
+    slots: dict[str, list[tf.Variable]],
+    step: tf.Tensor,
+    lr: tf.Tensor,
+) -> None:
+    # Keras's Lion decays the weights in a separate assignment; the reference decays them in
+    # the update's expression.
+    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+        dtype = p.dtype
+        m = slots["exp_avg"][index]
+        beta1, beta2 = spec.beta1, spec.beta2
+        interpolation = tf.constant(beta1, dtype) * m + tf.constant(1.0 - beta1, dtype) * g
+        direction = tf.sign(interpolation)
+        if spec.weight_decay:
+            direction = direction + tf.constant(spec.weight_decay, dtype) * p
+        m.assign(tf.constant(beta2, dtype) * m + tf.constant(1.0 - beta2, dtype) * g)
+        p.assign_sub(lr * direction)
+
+
+#: ``rule(spec, params, grads, slots, step, lr)``: one update of the variables in place.
+_Rule = Callable[..., None]
+
+#: Optimizer type -> its update rule on TensorFlow. A type missing here is refused.
+OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Rule] = {
+    optim.SGD: _sgd,
+    optim.Adam: _adam,
+    optim.AdamW: _adam,
+    optim.RMSprop: _rmsprop,
+    optim.Lion: _lion,
+}

@@ -2,8 +2,9 @@
 
 Modules (the same names in every adapter folder): ``backend`` (the Backend class), ``core``
 (devices, determinism, tensor conversions), ``model`` (the portable MLP, losses),
-``layers`` (portable layers as ``nn.Module``), ``optimizers`` (the optimizer table and the
-kernel each runs on), ``precision``, ``distributed`` (DDP), ``prefetch``.
+``layers`` (portable layers as ``nn.Module``), ``optimizers`` (the optimizer table),
+``precision``, ``distributed`` (DDP), ``prefetch``; and ``kernels``, torch's own: which
+fused or multi-tensor kernel is correct here, the non-finite checks and the device guard.
 """
 
 from unitrain.backends.torch.backend import TorchBackend

@@ -4,18 +4,12 @@ The model's state dict is the module's own: parameters and persistent buffers (B
 running statistics and counters) under their ``module.state_dict()`` names, so a checkpoint's
 ``model.safetensors`` loads straight into the native module with ``load_state_dict``.
 
-PyTorch's optimizers are the reference formulas, so the native ``torch.optim`` classes are
-used for SGD and Adam, each on the fastest kernel that computes correctly for this device and
-dtype (:mod:`.optimizers` decides by running them). AdamW is the exception:
-``torch.optim.AdamW`` decays the weights in a separate multiply before the Adam step, which
-rounds differently from the reference's single ``p -= lr * (u + wd * p)`` and drifts close
-to 1e-6 over 100 float32 steps, so it is computed here with ``torch._foreach`` ops in the
-reference's form.
+Optimizers come from the table of :mod:`.optimizers`: torch's own classes where their
+formulas are the reference's, ``torch._foreach`` ops in the reference's form where not.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,9 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import optim
-from unitrain._errors import ConfigError
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain import ConfigError, optim
+from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.torch.core import (
     DTYPES,
     ArrayOps,
@@ -36,9 +29,10 @@ from unitrain.backends.torch.core import (
     resolve_device,
     to_numpy,
 )
+from unitrain.backends.torch.kernels import device_guard, finite_check
 from unitrain.backends.torch.layers import build_portable
 from unitrain.backends.torch.model import TorchMLP, loss_function
-from unitrain.backends.torch.optimizers import device_guard, finite_check, optimizer_for
+from unitrain.backends.torch.optimizers import optimizer_for
 from unitrain.backends.torch.precision import (
     MixedPrecision,
     cpu_float16_autocast,
@@ -47,7 +41,6 @@ from unitrain.backends.torch.precision import (
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
-from unitrain.state import check_state, split_state
 
 __all__ = ["TorchBackend"]
 
@@ -59,7 +52,6 @@ class TorchBackend:
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32", "float64", "bfloat16"),
-        fused_step=False,
         portable_layers=True,
         data_parallel=True,
         precisions={
@@ -111,8 +103,8 @@ class TorchBackend:
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = loss_function(options.loss)
-        self.optimizer = optimizer_for(options.optimizer, list(self.params.values()))
-        self._adamw_state: dict[str, list[torch.Tensor]] | None = None
+        self.optimizer = optimizer_for(options.optimizer, self.params)
+        self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0
         self._micro_batch = 0
         self._skipped = 0
@@ -125,7 +117,9 @@ class TorchBackend:
         # Dropout seeds and the loss scale need each step's outcome on the host: those runs
         # keep the host-side guard.
         host_guard = self._mixed.scaled or getattr(self.module, "generator", None) is not None
-        self._guard = None if host_guard else device_guard(self.optimizer, options.grad_clip_norm)
+        native = self.optimizer.native  # only torch's own kernels skip on a device flag
+        host_guard = host_guard or native is None
+        self._guard = None if host_guard else device_guard(native, options.grad_clip_norm)
 
     @property
     def device(self) -> str:
@@ -213,7 +207,9 @@ class TorchBackend:
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last loss to ``.grad``."""
         scale = self._mixed.loss_multiplier(scale)
-        (self._loss if scale == 1.0 else self._loss * scale).backward()
+        if (loss := self._loss) is None:
+            raise ConfigError("backward() needs a forward() first; each loss is used once")
+        (loss if scale == 1.0 else loss * scale).backward()
         self._loss = None
 
     def step(self, lr: float) -> None:
@@ -235,12 +231,7 @@ class TorchBackend:
 
     def _update(self, lr: float) -> None:
         self._step += 1
-        if isinstance(self.options.optimizer, optim.AdamW):
-            self._adamw_step(lr)
-        else:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
+        self.optimizer.step(lr, self._step)
         self.optimizer.zero_grad()
         self._micro_batch = 0
 
@@ -248,10 +239,10 @@ class TorchBackend:
         """Clip ``grads`` in place if configured; return whether they are all finite.
 
         Without clipping, the check is the cheapest one this device and dtype support (see
-        :func:`.optimizers.finite_check`). The host guard, for runs whose next step needs the
+        :func:`.kernels.finite_check`). The host guard, for runs whose next step needs the
         outcome (dropout seeds, the loss scale) or whose kernel cannot skip on a device flag:
         on CPU the read of the flag costs nothing; on CUDA it is a sync per step, which the
-        device guard (:class:`.optimizers.DeviceGuard`) avoids.
+        device guard (:class:`.kernels.DeviceGuard`) avoids.
         """
         clip = self.options.grad_clip_norm
         if clip is None:
@@ -261,33 +252,6 @@ class TorchBackend:
             return False
         torch._foreach_mul_(grads, torch.clamp(clip / (norm + optim.CLIP_EPSILON), max=1.0))
         return True
-
-    def _adamw_step(self, lr: float) -> None:
-        spec = self.options.optimizer
-        params = list(self.params.values())
-        if self._adamw_state is None:
-            self._adamw_state = {
-                "exp_avg": [torch.zeros_like(p) for p in params],
-                "exp_avg_sq": [torch.zeros_like(p) for p in params],
-            }
-        live = [i for i, p in enumerate(params) if p.grad is not None]
-        p = [params[i] for i in live]
-        g = [params[i].grad for i in live]
-        m = [self._adamw_state["exp_avg"][i] for i in live]
-        v = [self._adamw_state["exp_avg_sq"][i] for i in live]
-        with torch.no_grad():
-            torch._foreach_lerp_(m, g, 1.0 - spec.beta1)
-            torch._foreach_mul_(v, spec.beta2)
-            torch._foreach_addcmul_(v, g, g, value=1.0 - spec.beta2)
-            bias_correction1 = 1.0 - spec.beta1**self._step
-            sqrt_bias_correction2 = math.sqrt(1.0 - spec.beta2**self._step)
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, sqrt_bias_correction2)
-            torch._foreach_add_(denom, spec.eps)
-            direction = torch._foreach_div(m, bias_correction1)
-            torch._foreach_div_(direction, denom)
-            torch._foreach_add_(direction, p, alpha=spec.weight_decay)
-            torch._foreach_add_(p, direction, alpha=-lr)
 
     def to_host(self, values: list[torch.Tensor]) -> list[np.ndarray]:
         """Many device values (losses) read back to the host in one transfer, in their dtype
@@ -327,28 +291,11 @@ class TorchBackend:
 
     # -- state -------------------------------------------------------------------------------
 
-    def _optimizer_tensors(self) -> dict[str, torch.Tensor | None]:
-        """Optimizer state under canonical names (None where torch has not created it yet)."""
-        spec = self.options.optimizer
-        tensors: dict[str, torch.Tensor | None] = {}
-        for index, (name, p) in enumerate(self.params.items()):
-            if isinstance(spec, optim.AdamW):
-                state = self._adamw_state
-                tensors[f"{name}.exp_avg"] = state["exp_avg"][index] if state else None
-                tensors[f"{name}.exp_avg_sq"] = state["exp_avg_sq"][index] if state else None
-            elif isinstance(spec, optim.Adam):
-                state = self.optimizer.state.get(p, {})
-                tensors[f"{name}.exp_avg"] = state.get("exp_avg")
-                tensors[f"{name}.exp_avg_sq"] = state.get("exp_avg_sq")
-            elif spec.momentum:
-                tensors[f"{name}.momentum"] = self.optimizer.state.get(p, {}).get("momentum_buffer")
-        return tensors
-
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
         state = {f"model.{k}": to_numpy(v) for k, v in self.tensors.items()}
         shapes = {f"{k}.": v.shape for k, v in self.params.items()}
-        for key, tensor in self._optimizer_tensors().items():
+        for key, tensor in self.optimizer.slots().items():
             if tensor is None:
                 shape = next(s for prefix, s in shapes.items() if key.startswith(prefix))
                 state[f"optimizer.{key}"] = np.zeros(shape, numpy_dtype(self.dtype))
@@ -360,12 +307,7 @@ class TorchBackend:
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Copy parameters, buffers and optimizer state in; names and shapes must match exactly.
-
-        The torch optimizer's state goes in through its own ``load_state_dict``, which puts
-        each tensor where the chosen kernel wants it (a fused Adam keeps ``step`` on the
-        parameters' device, the others on the CPU).
-        """
+        """Copy parameters, buffers and optimizer state in; names and shapes must match exactly."""
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
         self._settle()  # what was skipped before the load stays counted as skipped
@@ -374,34 +316,7 @@ class TorchBackend:
         with torch.no_grad():
             for name, tensor in self.tensors.items():
                 tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
-        spec = self.options.optimizer
-        device_tensor = lambda a: torch.from_numpy(np.array(a)).to(self.torch_device, self.dtype)  # noqa: E731
-        if isinstance(spec, optim.AdamW):
-            self._adamw_state = {
-                kind: [device_tensor(opt[f"{name}.{kind}"]) for name in self.params]
-                for kind in ("exp_avg", "exp_avg_sq")
-            }
-        else:
-            slots: dict[str, str] = {}
-            if isinstance(spec, optim.Adam):
-                slots = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
-            elif spec.momentum:
-                slots = {"momentum_buffer": "momentum"}
-            saved = self.optimizer.state_dict()
-            saved["state"] = {
-                index: {
-                    torch_name: torch.from_numpy(np.array(opt[f"{name}.{slot}"]))
-                    for torch_name, slot in slots.items()
-                }
-                | (
-                    {"step": torch.tensor(float(self._step))}
-                    if isinstance(spec, optim.Adam)
-                    else {}
-                )
-                for index, name in enumerate(self.params)
-                if slots
-            }
-            self.optimizer.load_state_dict(saved)
+        self.optimizer.load_slots(opt, self._step)
         self._micro_batch = 0
 
     def rng_state(self) -> dict[str, Any]:
@@ -420,7 +335,7 @@ class TorchBackend:
 
     def versions(self) -> dict[str, str]:
         """torch's version (and CUDA's when used)."""
-        versions = {"torch": torch.__version__}
+        versions: dict[str, str] = {"torch": torch.__version__}
         if self.torch_device.type == "cuda" and torch.version.cuda:
             versions["cuda"] = torch.version.cuda
         return versions

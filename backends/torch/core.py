@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 
 __all__ = [
     "DTYPES",

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.strategy import worker_shard
 
 __all__ = ["TorchDDP", "launch_command"]

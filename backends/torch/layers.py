@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unitrain._errors import ConfigError, DataError
+from unitrain import ConfigError, DataError
+from unitrain.backend import as_pair
 from unitrain.models import (
     GELU,
     MLP,
@@ -46,7 +47,6 @@ from unitrain.models import (
     Tanh,
     TransformerBlock,
 )
-from unitrain.models._base import as_pair
 
 __all__ = ["DropoutSource", "build_module", "build_portable"]
 
@@ -68,6 +68,11 @@ def _nhwc(x: torch.Tensor) -> torch.Tensor:
 
 class _Leaf(nn.Module):
     """A layer with its canonical parameters (and buffers) created empty in ``spec``'s shapes."""
+
+    # Registered by name in __init__; declared so that type checkers see tensors where
+    # nn.Module.__getattr__ is typed ``Tensor | Module``. A layer has those its spec names.
+    weight: torch.Tensor
+    bias: torch.Tensor
 
     def __init__(self, spec: AbstractLayer) -> None:
         super().__init__()
@@ -148,6 +153,8 @@ class _BatchNorm(_Leaf):
     """
 
     spec: BatchNorm
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         axes = tuple(range(x.ndim - 1))
@@ -189,6 +196,11 @@ class _Positional(_Leaf):
 
 class _Attention(_Leaf):
     spec: MultiHeadAttention
+    # Plain sub-modules holding the projections' ``weight`` and ``bias`` (_attach_tensor).
+    query: Any
+    key: Any
+    value: Any
+    out: Any
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, length, dim = x.shape
@@ -306,5 +318,6 @@ def build_portable(spec: AbstractLayer, seed: int, dtype: torch.dtype, device: A
             tensors[name].copy_(torch.from_numpy(value))
     if spec.drops_out:
         source.generator = torch.Generator(device)
-        module.generator = source.generator
+        # nn.Module.__setattr__ is typed for tensors and modules; any attribute is allowed.
+        module.generator = source.generator  # type: ignore[assignment]
     return module

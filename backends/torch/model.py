@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.models import MLP
 
 __all__ = ["TorchMLP", "loss_function"]
 
-_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "gelu": F.gelu, "sigmoid": torch.sigmoid}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+}
+
+
+class _Dense(nn.Module):
+    """One layer of the MLP, ``x @ weight + bias``, with the canonical ``(in, out)`` weight."""
+
+    def __init__(self, fan_in: int, fan_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(fan_in, fan_out))
+        self.bias = nn.Parameter(torch.empty(fan_out))
 
 
 class TorchMLP(nn.Module):
@@ -28,17 +43,14 @@ class TorchMLP(nn.Module):
         self.spec = spec
         self.layers = nn.ModuleList()
         for fan_in, fan_out in zip(spec.sizes, spec.sizes[1:]):
-            layer = nn.Module()
-            layer.weight = nn.Parameter(torch.empty(fan_in, fan_out))
-            layer.bias = nn.Parameter(torch.empty(fan_out))
-            self.layers.append(layer)
+            self.layers.append(_Dense(fan_in, fan_out))
         self.activation = _ACTIVATIONS[spec.activation]
         self.generator: torch.Generator | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
         keep = 1.0 - self.spec.dropout
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[_Dense]", self.layers)):
             x = torch.addmm(layer.bias, x, layer.weight)
             if i < last:
                 x = self.activation(x)

@@ -1,9 +1,11 @@
-"""The built-in checks, one module per family; importing this package registers them all."""
+"""The built-in checks, one module per family (checkpoints in two); importing this package
+registers them all."""
 
 from unitrain.conformance.checks import (  # noqa: F401  (imported to register their checks)
     accumulation,
     callbacks,
     checkpoints,
+    checkpoints_strict,
     data_parallel,
     determinism,
     devices,

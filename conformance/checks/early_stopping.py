@@ -170,7 +170,7 @@ def scripted_baseline(ctx: Context) -> None:
 )
 def scripted_baseline_min_delta(ctx: Context) -> None:
     """baseline with min_delta: a value must beat the baseline by more than min_delta."""
-    explicit = [
+    explicit: list[dict[str, Any]] = [
         # 9/16 beats the baseline 10/16 but not by min_delta 2/16: waiting goes on.
         {"script": [4, 3, 3, 3, 3], "patience": 2, "baseline": 10 / 16, "min_delta": 2 / 16},
         {"script": [2, 3, 3, 3, 3], "patience": 2, "baseline": 17 / 32, "min_delta": 1 / 16},
@@ -244,7 +244,7 @@ def _restore_run(
 def _restores(ctx: Context, script: Sequence[float], patience: int) -> None:
     from unitrain.callbacks import EarlyStopping  # the reference runs the core's callback
 
-    arguments = {"patience": patience, "restore_best_weights": True}
+    arguments: dict[str, Any] = {"patience": patience, "restore_best_weights": True}
     ours = _restore_run(
         ctx,
         ctx.make(MODEL, loss="mse", optimizer=optim.SGD(momentum=0.5)),

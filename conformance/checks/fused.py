@@ -8,9 +8,12 @@ compiled fused code may round differently from separately compiled pieces.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from unitrain import optim
+from unitrain.backend import FusedStep, MultiStep
 from unitrain.conformance._context import Context
 from unitrain.conformance._registry import check
 from unitrain.conformance._training import classifier, classifier_data
@@ -18,9 +21,17 @@ from unitrain.conformance._training import classifier, classifier_data
 LRS = (0.05, 0.02, 0.08, 0.01, 0.03)
 
 
+def _fused(ctx: Context, model: Any, **options: Any) -> Any:
+    """A backend built with ``options`` that has ``train_step``; else the check is skipped."""
+    backend = ctx.make(model, **options)
+    if not isinstance(backend, FusedStep):
+        ctx.skip("the backend offers no train_step(batch, lr) (the optional FusedStep protocol)")
+    return backend
+
+
 def _fused_vs_plain(ctx: Context, optimizer: optim.Optimizer) -> None:
     model = classifier(dropout=0.25)
-    fused = ctx.make(model, optimizer=optimizer)
+    fused = _fused(ctx, model, optimizer=optimizer)
     plain = ctx.make(model, optimizer=optimizer)
     x, y = classifier_data(ctx)
     fused_losses, plain_losses = [], []
@@ -35,7 +46,6 @@ def _fused_vs_plain(ctx: Context, optimizer: optim.Optimizer) -> None:
 @check(
     "fused",
     "train_step_sgd_momentum",
-    requires=("fused_step",),
     guards="a fused step that differs from forward + backward + step (dropout masks included)",
 )
 def train_step_sgd_momentum(ctx: Context) -> None:
@@ -46,7 +56,6 @@ def train_step_sgd_momentum(ctx: Context) -> None:
 @check(
     "fused",
     "train_step_adamw",
-    requires=("fused_step",),
     guards="a fused AdamW step that differs from the three calls",
 )
 def train_step_adamw(ctx: Context) -> None:
@@ -57,13 +66,12 @@ def train_step_adamw(ctx: Context) -> None:
 @check(
     "fused",
     "train_step_clipped",
-    requires=("fused_step",),
     guards="clipping skipped or done differently in the fused step",
 )
 def train_step_clipped(ctx: Context) -> None:
     """train_step clips like step does."""
     model = classifier()
-    fused = ctx.make(model, optimizer=optim.Adam(), grad_clip_norm=0.05)
+    fused = _fused(ctx, model, optimizer=optim.Adam(), grad_clip_norm=0.05)
     plain = ctx.make(model, optimizer=optim.Adam(), grad_clip_norm=0.05)
     x, y = classifier_data(ctx)
     for i, lr in enumerate(LRS):
@@ -76,15 +84,14 @@ def train_step_clipped(ctx: Context) -> None:
 @check(
     "fused",
     "steps_per_call",
-    requires=("fused_step",),
     guards="several updates per call that differ from as many single steps",
 )
 def steps_per_call(ctx: Context) -> None:
     """train_steps(batches, lrs) equals as many single train_step calls."""
     model = classifier(dropout=0.25)
-    multi = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
-    if not callable(getattr(multi, "train_steps", None)):
-        ctx.skip("the backend offers no train_steps(batches, lrs) (several updates per call)")
+    multi = _fused(ctx, model, optimizer=optim.SGD(momentum=0.9))
+    if not isinstance(multi, MultiStep):
+        ctx.skip("the backend offers no train_steps(batches, lrs) (the MultiStep protocol)")
     single = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
     x, y = classifier_data(ctx)
     k = len(LRS)

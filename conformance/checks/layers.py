@@ -36,7 +36,7 @@ def probed(layer: AbstractLayer, shape: tuple[int, ...]) -> AbstractLayer:
         return layer
     width = shape[-1]
     probe = Conv2d(width, width, 1) if len(shape) == 4 else Linear(width, width)
-    return Sequential([probe, layer])
+    return Sequential((probe, layer))
 
 
 def _batch(ctx: Context, model: AbstractLayer, shape: tuple[int, ...]) -> tuple[Any, Any]:

@@ -16,6 +16,8 @@ and only for the precisions a backend declares on the device
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from unitrain import optim
@@ -187,7 +189,7 @@ def training_fp16(ctx: Context) -> None:
     _training(ctx, "16-mixed")
 
 
-def _scripted_run(ctx: Context, backend: object, flags: tuple[bool, ...], start: int = 0) -> list:
+def _scripted_run(ctx: Context, backend: Any, flags: tuple[bool, ...], start: int = 0) -> list:
     """Run ``flags`` updates (a False one on a batch holding inf); return the observed
     ``(scale_used, skipped_so_far, scale_after, good_steps_after)`` per update."""
     x, y = classifier_data(ctx)

@@ -19,7 +19,7 @@ from unitrain.conformance._registry import check
 from unitrain.models import BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 
 MODEL = Sequential(
-    [Conv2d(1, 3, 3, padding=1), BatchNorm(3), ReLU(), MaxPool2d(2), Flatten(), Linear(27, 3)]
+    (Conv2d(1, 3, 3, padding=1), BatchNorm(3), ReLU(), MaxPool2d(2), Flatten(), Linear(27, 3))
 )
 OPTIMIZER = optim.SGD(momentum=0.9)
 STEPS = 4

@@ -1,5 +1,11 @@
 """optimizers: 100 updates with a changing learning rate match the float64 reference.
 
+Halfway through, the run continues on a fresh backend loaded with the first one's state
+dict, and the final state dict must hold exactly the reference's keys: optimizer state that
+is not saved, not restored, or saved under another name than its declared slots fails.
+(The slots' values are not compared: near tiny gradients they carry the targets' float32
+rounding, while the parameters they move are what the trajectory bar was measured on.)
+
 Gradients are injected through the linear probe (see :mod:`unitrain.conformance._probes`),
 so the backend and the reference see the same gradient at every update, and the comparison
 isolates the optimizer's arithmetic: parameters and optimizer state, normwise, against the
@@ -41,10 +47,12 @@ def _run_example(ctx: Context, build: Callable[[dict[str, Any]], optim.Optimizer
             seed=example["seed"],
             lrs=_lrs(example["seed"], example["lr_low"], example["lr_high"]),
             grad_scale=example["grad_scale"],
+            handoff_at=STEPS // 2,
         )
         what = f"parameters after {STEPS} updates"
         ctx.compare(what, model_state(got), model_state(want), "trajectory")
         ctx.require_equal("optimizer.step", int(got["optimizer.step"]), STEPS)
+        ctx.require_equal("state dict keys", sorted(got), sorted(want))
 
     return run
 
@@ -86,7 +94,7 @@ def _sgd(example: dict[str, Any]) -> optim.Optimizer:
     )
 
 
-def _adam(kind: type[optim.Adam]) -> Callable[[dict[str, Any]], optim.Optimizer]:
+def _adam(kind: Callable[..., optim.Optimizer]) -> Callable[[dict[str, Any]], optim.Optimizer]:
     def build(example: dict[str, Any]) -> optim.Optimizer:
         return kind(
             beta1=example.get("beta1", 0.9),
@@ -98,13 +106,44 @@ def _adam(kind: type[optim.Adam]) -> Callable[[dict[str, Any]], optim.Optimizer]
     return build
 
 
+def _rmsprop(example: dict[str, Any]) -> optim.Optimizer:
+    return optim.RMSprop(
+        alpha=example.get("alpha", 0.99),
+        eps=example.get("eps", 1e-8),
+        centered=example.get("centered", False),
+        momentum=example.get("momentum", 0.0),
+        weight_decay=example.get("weight_decay", 0.0),
+    )
+
+
+def _lion(example: dict[str, Any]) -> optim.Optimizer:
+    return optim.Lion(
+        beta1=example.get("beta1", 0.9),
+        beta2=example.get("beta2", 0.99),
+        weight_decay=example.get("weight_decay", 0.0),
+    )
+
+
 _SGD_LR, _SGD_GRAD = (1e-3, 0.3), (1e-2, 10.0)
 _ADAM_LR, _ADAM_GRAD = (1e-4, 1e-2), (1e-2, 1.0)
 _SMALL_LR = (1e-4, 1e-3)
+# Lion moves every entry by exactly lr, so with an LR held constant the float32 roundings of
+# p - lr * sign repeat instead of averaging out, and a correct float32 Lion drifts past the
+# 1e-6 bar (1.1e-6 measured over 100 updates at lr 1e-4). These ranges keep the LR of each
+# update spread over at least a decade, as the other optimizers' checks have by their steps.
+_LION_LR = (1e-5, 1e-2)
 _MOMENTUM = lambda: _floats(0.5, 0.99)  # noqa: E731
 _DECAY = lambda: _floats(1e-5, 1e-2, log=True)  # noqa: E731
 _BETAS = {"beta1": lambda: _floats(0.8, 0.95), "beta2": lambda: _floats(0.9, 0.9999)}
 _EPS = lambda: _floats(1e-8, 1e-6, log=True)  # noqa: E731
+_ALPHA = lambda: _floats(0.9, 0.999)  # noqa: E731
+
+
+def _booleans() -> Any:
+    from hypothesis import strategies as st
+
+    return st.booleans()
+
 
 #: name -> (build, strategy, explicit examples, description)
 OPTIMIZER_CHECKS: dict[str, tuple[Any, Any, list[dict[str, Any]], str]] = {
@@ -170,6 +209,39 @@ OPTIMIZER_CHECKS: dict[str, tuple[Any, Any, list[dict[str, Any]], str]] = {
         [_example(11, _SMALL_LR, 1e-3, eps=1e-6, weight_decay=0.05)],
         "AdamW with gradients near eps",
     ),
+    "rmsprop": (
+        _rmsprop,
+        _strategy(_ADAM_LR, _ADAM_GRAD, alpha=_ALPHA, eps=_EPS, weight_decay=_DECAY),
+        [_example(12, _ADAM_LR, 0.1), _example(13, _SMALL_LR, 1e-3, eps=1e-6)],
+        "RMSprop (eps added after the square root, torch's definition)",
+    ),
+    "rmsprop_centered": (
+        _rmsprop,
+        _strategy(_ADAM_LR, _ADAM_GRAD, alpha=_ALPHA, eps=_EPS, centered=True),
+        [_example(14, _ADAM_LR, 0.1, centered=True)],
+        "centered RMSprop (divides by the root of the running variance)",
+    ),
+    "rmsprop_momentum": (
+        _rmsprop,
+        _strategy(_ADAM_LR, _ADAM_GRAD, alpha=_ALPHA, momentum=_MOMENTUM, centered=_booleans),
+        [
+            _example(15, _ADAM_LR, 0.1, momentum=0.9),
+            _example(16, _ADAM_LR, 0.1, momentum=0.9, centered=True, weight_decay=1e-3),
+        ],
+        "RMSprop with momentum on the normalised step (the LR outside the buffer)",
+    ),
+    "lion": (
+        _lion,
+        _strategy(_LION_LR, _ADAM_GRAD, beta1=lambda: _floats(0.8, 0.95), beta2=_ALPHA),
+        [_example(17, _LION_LR, 0.1), _example(18, _LION_LR, 1.0, beta1=0.95, beta2=0.98)],
+        "Lion (the sign of the beta1 interpolation, the momentum tracked with beta2)",
+    ),
+    "lion_weight_decay": (
+        _lion,
+        _strategy(_LION_LR, _ADAM_GRAD, weight_decay=lambda: _floats(1e-2, 1.0, log=True)),
+        [_example(19, _LION_LR, 0.1, weight_decay=0.1)],
+        "Lion with decoupled weight decay in the update expression",
+    ),
 }
 
 
@@ -185,6 +257,11 @@ GUARDS = {
     "adam_weight_decay": "Adam's L2 decay decoupled (AdamW) or dropped",
     "adamw": "AdamW's decay coupled into the gradient, or applied in another expression",
     "adamw_small_gradients": "AdamW's epsilon placement near tiny gradients",
+    "rmsprop": "eps inside the square root, or alpha and 1 - alpha swapped",
+    "rmsprop_centered": "centered ignored, or the mean subtracted outside the square root",
+    "rmsprop_momentum": "Keras-style momentum (the LR inside the buffer), or eps dropped there",
+    "lion": "the step's sign taken of the beta2 interpolation, or the momentum updated first",
+    "lion_weight_decay": "Lion's decay coupled into the gradient, or scaled without the LR",
 }
 
 

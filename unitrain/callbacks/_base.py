@@ -7,6 +7,7 @@ import importlib
 import inspect
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError, ConfigError
@@ -86,6 +87,17 @@ class Callback:
         name = cls.__name__ if _REGISTRY.get(cls.__name__) is cls else _import_name(cls)
         arguments = self.__dict__.get("_arguments", {})
         return {"type": name, **{k: _plain(f"{name}.{k}", v) for k, v in arguments.items()}}
+
+    @property
+    def writes_to(self) -> tuple[Path, ...]:
+        """The checkpoint directories this callback writes into; none by default.
+
+        For the length of ``fit`` the Trainer holds the run lock of each one (besides
+        ``TrainerConfig.checkpoint_dir``), so that no other run prunes or resumes from them,
+        and clears the unfinished saves a killed run left there. Loggers declare nothing:
+        their files are per run, and two runs logging into one folder is no conflict.
+        """
+        return ()
 
     @property
     def state_key(self) -> str:

@@ -94,6 +94,11 @@ class ModelCheckpoint(Callback):
         self.last_saved: Path | None = None
         self._last_step = 0
 
+    @property
+    def writes_to(self) -> tuple[Path, ...]:
+        """``dirpath``, once known (without it the checkpoints go to ``checkpoint_dir``)."""
+        return () if self.dirpath is None else (self.dirpath,)
+
     def _directory(self, trainer: Trainer) -> Path:
         if self.dirpath is None:
             if trainer.config.checkpoint_dir is None:

@@ -20,12 +20,8 @@ of the Trainer. Nothing here uses pickle, and every problem raises
 from unitrain.checkpoint._discovery import list_checkpoints, resolve_checkpoint
 from unitrain.checkpoint._format import FORMAT_VERSION, CheckpointWarning
 from unitrain.checkpoint._read import Checkpoint, load_checkpoint, verify_checkpoint
-from unitrain.checkpoint._write import (
-    CheckpointWriter,
-    checkpoint_name,
-    remove_checkpoint,
-    save_checkpoint,
-)
+from unitrain.checkpoint._remove import remove_checkpoint, remove_leftovers
+from unitrain.checkpoint._write import CheckpointWriter, checkpoint_name, save_checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
@@ -36,6 +32,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "remove_checkpoint",
+    "remove_leftovers",
     "resolve_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",

@@ -16,7 +16,7 @@ from unitrain.checkpoint._format import (
     decode_json,
 )
 from unitrain.checkpoint._read import Checkpoint, load_checkpoint, read_file
-from unitrain.checkpoint._write import DISPLACED_PATTERN
+from unitrain.checkpoint._remove import DISPLACED_PATTERN
 
 __all__ = ["list_checkpoints", "load_resolved", "resolve_checkpoint"]
 

@@ -1,4 +1,4 @@
-"""Writing and removing checkpoint directories so that a crash never leaves a half-written one.
+"""Writing checkpoint directories so that a crash never leaves a half-written one.
 
 A checkpoint is staged in a hidden sibling ``.{name}.tmp-{pid}-{random}``, every file and the
 directory are fsynced, and only then is it renamed to its real name. Replacing an existing
@@ -11,20 +11,17 @@ checkpoint ``name`` takes three steps:
 A crash before step 1 leaves the old checkpoint at ``name``; after step 2, the new one. A crash
 between steps 1 and 2 leaves no ``name`` at all, and :func:`list_checkpoints` then reports the
 displaced copy in its place, so "latest" still finds the old checkpoint. Leftover ``.tmp-`` and
-``.del-`` directories are ignored by every reader.
+``.del-`` directories are ignored by every reader (see :mod:`unitrain.checkpoint._remove`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import secrets
 import shutil
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,35 +29,27 @@ from typing import Any
 import numpy as np
 
 from unitrain._errors import CheckpointError
-from unitrain._lock import LOCK_NAME, pid_running
 from unitrain.checkpoint._digest import CHUNK_BYTES, XXH3_64, Digest
 from unitrain.checkpoint._format import (
-    ALL_FILES,
     CALLBACKS_FILE,
     MANIFEST_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     TRAINER_FILE,
-    CheckpointWarning,
     FileDigest,
     encode_manifest,
     encode_trainer_state,
 )
+from unitrain.checkpoint._remove import (
+    check_is_checkpoint_directory,
+    fsync_directory,
+    remove_tree,
+    sibling_name,
+)
 from unitrain.checkpoint._safetensors import encode_tensor_file
 
-__all__ = [
-    "DISPLACED_PATTERN",
-    "CheckpointWriter",
-    "checkpoint_name",
-    "remove_checkpoint",
-    "remove_leftovers",
-    "save_checkpoint",
-]
+__all__ = ["CheckpointWriter", "checkpoint_name", "save_checkpoint"]
 
-#: Matches the hidden name a checkpoint has while it is being replaced (step 1 above).
-DISPLACED_PATTERN = re.compile(r"\.(?P<name>.+)\.old-[0-9]+-[0-9a-f]+")
-#: Matches what an interrupted save (``tmp``) or removal (``del``) leaves, with its writer's pid.
-LEFTOVER_PATTERN = re.compile(r"\.(?P<name>.+)\.(?:tmp|del)-[0-9]+-[0-9a-f]+")
 #: Test hook: seconds to sleep after writing each file, so a test can kill a save midway.
 WRITE_DELAY_ENV = "UNITRAIN_CHECKPOINT_WRITE_DELAY"
 
@@ -243,7 +232,7 @@ class _Staged:
                 }
                 _write_file(self._staging / MANIFEST_FILE, [memoryview(encode_manifest(digests))])
                 _pause_for_tests()
-                _fsync_directory(self._staging)
+                fsync_directory(self._staging)
                 _install(self._staging, self.target)
             except OSError as exc:
                 raise _save_failed(self.target, exc) from exc
@@ -277,11 +266,11 @@ def _stage(
         CALLBACKS_FILE: encode_tensor_file(callbacks or {}, f"{target}: callback state"),
         TRAINER_FILE: [memoryview(encode_trainer_state(trainer, f"{target}: trainer state"))],
     }
-    staging = target.parent / _sibling_name(target.name, "tmp")
+    staging = target.parent / sibling_name(target.name, "tmp")
     created = False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        _check_is_checkpoint_directory(target, "replace")
+        check_is_checkpoint_directory(target, "replace")
         os.mkdir(staging)
         created = True
         files: dict[str, FileDigest | None] = {}
@@ -306,93 +295,6 @@ def _save_failed(target: Path, exc: OSError) -> CheckpointError:
 
 def _pause_for_tests() -> None:
     time.sleep(float(os.environ.get(WRITE_DELAY_ENV) or 0))
-
-
-def remove_checkpoint(path: str | os.PathLike[str]) -> None:
-    """Deletes a checkpoint directory so that a crash midway never leaves a damaged lookalike.
-
-    The directory is first renamed to a hidden ``.{name}.del-{pid}-{random}`` sibling, which
-    every reader ignores, and only then deleted. Directories holding anything other than
-    checkpoint files are refused, so a wrong path cannot delete unrelated data.
-
-    Args:
-        path: the checkpoint directory.
-
-    Raises:
-        CheckpointError: nothing is at ``path``, it is not a checkpoint directory, or the
-            rename failed. A failure to delete the renamed copy only warns.
-
-    Examples:
-        >>> import tempfile, numpy as np
-        >>> root = Path(tempfile.mkdtemp())
-        >>> saved = save_checkpoint(
-        ...     root / "last", model={}, optimizer={}, trainer={"epoch": 0, "step": 0}
-        ... )
-        >>> remove_checkpoint(saved)
-        >>> list(root.iterdir())
-        []
-    """
-    target = Path(path)
-    if not os.path.lexists(target):
-        raise CheckpointError(f"{target}: no checkpoint to remove; check the path")
-    _check_is_checkpoint_directory(target, "remove")
-    trash = target.parent / _sibling_name(target.name, "del")
-    try:
-        os.replace(target, trash)
-        _fsync_directory(target.parent)
-    except OSError as exc:
-        raise CheckpointError(f"{target}: could not remove the checkpoint: {exc}") from exc
-    _remove_tree(trash)
-
-
-def remove_leftovers(directory: str | os.PathLike[str]) -> None:
-    """Deletes the unfinished saves and removals that killed processes left in ``directory``.
-
-    Readers ignore them, but each can be as large as a checkpoint, and a job that is killed
-    often would fill its disk. Only those whose writer (the pid in the name) is not running on
-    this host, or is this process, are deleted; call this only while holding the directory's
-    run lock (the Trainer does, see :mod:`unitrain._lock`), so that no other run writes there.
-    A displaced ``.{name}.old-*`` copy is deleted only when ``name`` exists (the replacement
-    was installed); otherwise it is the only copy of that checkpoint and is kept.
-
-    Args:
-        directory: a checkpoint directory; a missing one has nothing to delete.
-    """
-    root = Path(directory)
-    try:
-        names = set(os.listdir(root))
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(LOCK_NAME):  # the run lock's own files: see unitrain._lock
-            continue
-        leftover = LEFTOVER_PATTERN.fullmatch(name) or DISPLACED_PATTERN.fullmatch(name)
-        if leftover is None or (".old-" in name and leftover["name"] not in names):
-            continue
-        pid = int(name.rsplit("-", 2)[1])
-        if pid == os.getpid() or not pid_running(pid):
-            _remove_tree(root / name)
-
-
-def _sibling_name(name: str, kind: str) -> str:
-    return f".{name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _check_is_checkpoint_directory(target: Path, action: str) -> None:
-    """Refuses to replace or remove ``target`` unless it is absent or a checkpoint directory."""
-    if not os.path.lexists(target):
-        return
-    if target.is_symlink() or not target.is_dir():
-        raise CheckpointError(
-            f"{target}: refusing to {action} it: it is a symlink or not a directory, so it is "
-            "not a checkpoint; move it away or choose another path"
-        )
-    unexpected = sorted(set(os.listdir(target)) - ALL_FILES)
-    if unexpected:
-        raise CheckpointError(
-            f"{target}: refusing to {action} it: it holds {unexpected}, which are not "
-            "checkpoint files; move them away or choose another path"
-        )
 
 
 def _write_file(
@@ -442,24 +344,13 @@ def _chunks(buffers: Sequence[memoryview]) -> Iterator[memoryview]:
             yield buffer[start : start + CHUNK_BYTES]
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Makes renames and new entries in ``directory`` durable (POSIX only; a no-op elsewhere)."""
-    if os.name != "posix":
-        return
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _install(staging: Path, target: Path) -> None:
     """Renames the finished ``staging`` directory to ``target``, displacing an old checkpoint."""
     if not os.path.lexists(target):
         os.replace(staging, target)
-        _fsync_directory(target.parent)
+        fsync_directory(target.parent)
         return
-    displaced = target.parent / _sibling_name(target.name, "old")
+    displaced = target.parent / sibling_name(target.name, "old")
     os.replace(target, displaced)
     try:
         os.replace(staging, target)
@@ -472,17 +363,5 @@ def _install(staging: Path, target: Path) -> None:
                 f"({restore_error}); the previous checkpoint is at {displaced} — rename it back"
             ) from restore_error
         raise
-    _fsync_directory(target.parent)
-    _remove_tree(displaced)
-
-
-def _remove_tree(directory: Path) -> None:
-    try:
-        shutil.rmtree(directory)
-    except OSError as exc:
-        warnings.warn(
-            f"{directory}: could not delete this leftover checkpoint copy ({exc}); it is "
-            "ignored by unitrain and can be deleted by hand",
-            CheckpointWarning,
-            stacklevel=3,
-        )
+    fsync_directory(target.parent)
+    remove_tree(displaced)

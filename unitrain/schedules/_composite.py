@@ -6,6 +6,7 @@ import bisect
 import collections.abc
 import dataclasses
 import math
+import sys
 from typing import Literal
 
 from unitrain._errors import ConfigError
@@ -20,6 +21,11 @@ from unitrain.schedules._base import (
 )
 
 __all__ = ["CosineRestarts", "OneCycle", "Sequence", "Warmup"]
+
+# A bound on the rounding error of CosineRestarts._cycle_start, relative to
+# ``start + first_period / (period_mult - 1)``: the power, the subtraction of 1 (which loses
+# digits when the power is near 1), the product and the quotient each add at most one ulp.
+_START_ERROR = 4.0 * sys.float_info.epsilon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +195,17 @@ class CosineRestarts(AbstractSchedule, type_name="cosine_restarts"):
         else:
             # Closed form of the geometric series, inverted: O(1) for any step. The log can
             # land one cycle off exactly at a boundary (log(243, 3) = 4.999...), so the
-            # start formula has the last word.
+            # start formula has the last word. That formula rounds too (43 steps at mult 1.1
+            # give a second cycle starting at 43.00000000000001), so a start within its
+            # rounding error of the step counts as reached: a cycle that starts on a whole
+            # step restarts on it, as exact arithmetic says.
+            reached = step + _START_ERROR * (step + self.first_period / (mult - 1.0))
             cycle = int(math.log1p(step * (mult - 1.0) / self.first_period) / math.log(mult))
-            while cycle > 0 and self._cycle_start(cycle) > step:
+            while cycle > 0 and self._cycle_start(cycle) > reached:
                 cycle -= 1
-            while self._cycle_start(cycle + 1) <= step:
+            while self._cycle_start(cycle + 1) <= reached:
                 cycle += 1
-            offset = step - self._cycle_start(cycle)
+            offset = max(step - self._cycle_start(cycle), 0.0)
             length = self.first_period * mult**cycle
         cosine = 0.5 * (1.0 + math.cos(math.pi * offset / length))
         return self.min_lr + (self.base_lr - self.min_lr) * self.lr_mult**cycle * cosine

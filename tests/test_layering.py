@@ -1,0 +1,175 @@
+"""The layers keep to their lanes: adapters and the kit use the public core, the core's
+modules import each other without a cycle, and no module writes another object's privates.
+
+All of it is read from the source with ``ast`` (no framework is imported), except one
+check that imports the modules of the Trainer's run state alone in fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Where each folder is installed (pyproject's package-dir).
+PACKAGES = {
+    "unitrain": "unitrain",
+    "backends": "unitrain.backends",
+    "conformance": "unitrain.conformance",
+}
+#: Core modules that are internal although their names carry no underscore.
+INTERNAL = {"unitrain.state"}
+
+
+def module_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([PACKAGES[folder], *(p for p in rest if p != "__init__")])
+
+
+def sources(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def imported_modules(path: Path, *, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """``(line, module)`` of each absolute import in ``path``; with ``runtime_only``, only
+    the module-level ones that run on import (not under ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                if not runtime_only:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, block, []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, ast.Import):
+                found.extend((node.lineno, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+            elif not runtime_only and hasattr(node, "body"):  # functions, classes
+                visit([*getattr(node, "body", [])])
+
+    visit(tree.body)
+    return found
+
+
+def is_private_core(module: str) -> bool:
+    """Whether ``module`` (or ``package.name`` from a from-import) is a private core module."""
+    parts = module.split(".")
+    if parts[0] != "unitrain" or parts[1:2] in (["backends"], ["conformance"]):
+        return False
+    return any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) or any(
+        ".".join(parts[:i]) in INTERNAL for i in range(2, len(parts) + 1)
+    )
+
+
+@pytest.mark.parametrize("folder", ["backends", "conformance"])
+def test_adapters_and_the_kit_import_only_public_core_modules(folder):
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sources(folder)
+        for line, module in imported_modules(path)
+        if is_private_core(module)
+    ]
+    assert not bad, "import the public surface (unitrain, unitrain.backend, ...):\n" + "\n".join(
+        bad
+    )
+
+
+def test_the_kit_reaches_adapters_only_through_the_registry():
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sources("conformance")
+        for line, module in imported_modules(path)
+        if module.startswith("unitrain.backends")
+    ]
+    assert not bad, "use unitrain.registry.get_backend(name):\n" + "\n".join(bad)
+
+
+def test_the_private_core_check_tells_private_from_public():
+    assert is_private_core("unitrain._errors.ConfigError")
+    assert is_private_core("unitrain.models._base.as_pair")
+    assert is_private_core("unitrain.state.split_state")
+    assert not is_private_core("unitrain.backend.check_state")
+    assert not is_private_core("unitrain.ConfigError")
+    assert not is_private_core("unitrain.backends.torch.core.to_numpy")
+    assert not is_private_core("unitrain.conformance._context.Context")
+
+
+def test_core_modules_import_each_other_without_a_cycle():
+    known = {module_name(path) for path in sources("unitrain")}
+    graph: dict[str, set[str]] = {}
+    for path in sources("unitrain"):
+        targets = set()
+        for _, module in imported_modules(path, runtime_only=True):
+            # ``from package import name``: the submodule when ``name`` is one.
+            target = module if module in known else module.rpartition(".")[0]
+            if target in known and target != module_name(path):
+                targets.add(target)
+        graph[module_name(path)] = targets
+    state: dict[str, str] = {}
+
+    def cycle_from(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for successor in sorted(graph[node]):
+            if state.get(successor) == "open":
+                return [*trail[trail.index(successor) :], successor]
+            if successor not in state and (found := cycle_from(successor, [*trail, successor])):
+                return found
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = cycle_from(start, [start])
+            assert found is None, "import cycle: " + " -> ".join(found)
+
+
+@pytest.mark.parametrize("folder", ["unitrain", "backends", "conformance"])
+def test_no_module_writes_another_objects_private_fields(folder):
+    bad = []
+    for path in sources(folder):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    private = isinstance(part, ast.Attribute) and part.attr.startswith("_")
+                    if not private or part.attr.startswith("__"):
+                        continue
+                    if not (isinstance(part.value, ast.Name) and part.value.id in ("self", "cls")):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(part)}")
+    assert not bad, "give the owner a method instead:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "unitrain.trainer",
+        "unitrain._run_state",
+        "unitrain._fit_loop",
+        "unitrain.callbacks.model_checkpoint",
+        "unitrain.checkpoint._remove",
+    ],
+)
+def test_run_state_modules_import_alone(module):
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,291 @@
+"""The optimizer base class, the type-name registry, JSON round-tripping and the shared steps.
+
+An optimizer is data: a final frozen dataclass that names its hyperparameters, the state it
+keeps per parameter (:attr:`AbstractOptimizer.state_slots`) and its update rule once, as a
+numpy function (:meth:`AbstractOptimizer.reference_update`) that every backend is held to.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import math
+import numbers
+from collections.abc import Mapping, MutableMapping
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from unitrain._errors import ConfigError
+from unitrain._fields import check_fields
+
+__all__ = [
+    "CLIP_EPSILON",
+    "AbstractOptimizer",
+    "apply_update",
+    "check_bool",
+    "check_fraction",
+    "check_non_negative",
+    "clip_by_global_norm",
+    "global_norm",
+    "implementation",
+    "init_state",
+    "optimizer_from_dict",
+    "optimizer_types",
+    "set_fields",
+]
+
+#: Added to the global norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
+CLIP_EPSILON = 1e-6
+
+_REGISTRY: dict[str, type[AbstractOptimizer]] = {}
+_Implementation = TypeVar("_Implementation")
+
+
+class AbstractOptimizer(abc.ABC):
+    """An optimizer's hyperparameters, its per-parameter state slots and its reference update.
+
+    Subclasses are final frozen dataclasses that name themselves in the class statement,
+    ``class SGD(AbstractOptimizer, type_name="sgd")``, which registers them for
+    :func:`optimizer_from_dict`. They implement :attr:`state_slots` and
+    :meth:`reference_update`; the learning rate is never a field (it comes from the schedule,
+    one float per update).
+    """
+
+    type_name: ClassVar[str]
+
+    def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if type_name is None:
+            return
+        if type_name in _REGISTRY:
+            raise TypeError(f"optimizer type name {type_name!r} is already taken")
+        cls.type_name = type_name
+        _REGISTRY[type_name] = cls
+
+    @property
+    @abc.abstractmethod
+    def state_slots(self) -> tuple[str, ...]:
+        """Names of the per-parameter state entries (``<param>.<slot>`` in a state dict)."""
+
+    @property
+    def state_suffixes(self) -> tuple[str, ...]:
+        """The same as :attr:`state_slots` (the name adapters used before slots had one)."""
+        return self.state_slots
+
+    @abc.abstractmethod
+    def reference_update(
+        self,
+        param: np.ndarray,
+        grad: np.ndarray,
+        slots: Mapping[str, np.ndarray],
+        lr: float,
+        step: int,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Return one parameter and its slots after one update: the rule every backend follows.
+
+        Arithmetic happens in the arrays' own dtype, with hyperparameters and step-dependent
+        factors as Python floats, so float64 arrays give the float64 oracle.
+
+        Args:
+            param: the parameter before the update.
+            grad: its gradient (already clipped).
+            slots: the parameter's state, one array per name in :attr:`state_slots`.
+            lr: the learning rate of this update.
+            step: updates applied including this one (1 for the first).
+
+        Returns:
+            ``(new_param, new_slots)``; the inputs are not modified.
+        """
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"type": type_name, **hyperparameters}`` with JSON types only."""
+        out: dict[str, Any] = {"type": self.type_name}
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            if field.init:
+                out[field.name] = getattr(self, field.name)
+        return out
+
+    def to_json(self) -> str:
+        """Return :meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+
+def optimizer_types() -> dict[str, type[AbstractOptimizer]]:
+    """Return the registered optimizer classes by type name (a copy).
+
+    Examples:
+        >>> optimizer_types()["sgd"].__name__
+        'SGD'
+    """
+    return dict(_REGISTRY)
+
+
+def optimizer_from_dict(data: Mapping[str, Any]) -> AbstractOptimizer:
+    """Rebuild an optimizer from :meth:`AbstractOptimizer.to_dict` output.
+
+    Args:
+        data: ``{"type": name, **hyperparameters}``, as checkpoints and recipes store it.
+
+    Returns:
+        An optimizer equal to the one that produced ``data``.
+
+    Raises:
+        ConfigError: the type is unknown, a field is missing or unknown, or a value is bad.
+
+    Examples:
+        >>> from unitrain.optim import SGD
+        >>> optimizer_from_dict(SGD(momentum=0.5).to_dict())
+        SGD(momentum=0.5, nesterov=False, weight_decay=0.0)
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"optimizer_from_dict: expected a dict with a 'type' key, got {data!r}")
+    name = data.get("type")
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ConfigError(f"unknown optimizer type {name!r}; known: {sorted(_REGISTRY)}")
+    cls = _REGISTRY[name]
+    check_fields(cls, data, f"optimizer type {name!r}")
+    return cls(**{key: value for key, value in data.items() if key != "type"})
+
+
+def implementation(
+    table: Mapping[type[AbstractOptimizer], _Implementation],
+    optimizer: AbstractOptimizer,
+    backend: str,
+) -> _Implementation:
+    """Return ``table``'s entry for ``optimizer``'s type: the one lookup every adapter makes.
+
+    Each adapter keeps one table ``{optimizer type: implementation}``; a type it lacks is an
+    error here, never a fallback to another optimizer's update.
+
+    Args:
+        table: the adapter's implementations by exact optimizer type.
+        optimizer: the optimizer to run.
+        backend: the adapter's name, for the message.
+
+    Raises:
+        ConfigError: ``table`` has no entry for the optimizer's type.
+
+    Examples:
+        >>> from unitrain.optim import SGD, Adam
+        >>> implementation({SGD: "sgd update"}, SGD(), "demo")
+        'sgd update'
+        >>> implementation({SGD: "sgd update"}, Adam(), "demo")
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.ConfigError: the demo backend does not implement Adam; it implements SGD. Choose one of those, or use a backend that implements Adam (the numpy reference implements every optimizer)
+    """  # noqa: E501
+    found = table.get(type(optimizer))
+    if found is None:
+        name = type(optimizer).__name__
+        known = ", ".join(sorted(cls.__name__ for cls in table))
+        raise ConfigError(
+            f"the {backend} backend does not implement {name}; it implements {known}. "
+            f"Choose one of those, or use a backend that implements {name} (the numpy "
+            "reference implements every optimizer)"
+        )
+    return found
+
+
+def init_state(
+    optimizer: AbstractOptimizer, params: Mapping[str, np.ndarray], dtype: Any = None
+) -> dict[str, np.ndarray]:
+    """Return the zero optimizer state for ``params`` under canonical names.
+
+    Every slot starts at zero (a momentum buffer of zero gives exactly torch's "buffer =
+    gradient on the first step"), and ``step`` is an int64 scalar counting updates applied.
+
+    Examples:
+        >>> from unitrain.optim import Adam
+        >>> sorted(init_state(Adam(), {"w": np.ones(2)}))
+        ['step', 'w.exp_avg', 'w.exp_avg_sq']
+    """
+    state: dict[str, np.ndarray] = {"step": np.zeros((), np.int64)}
+    for name, value in params.items():
+        for slot in optimizer.state_slots:
+            state[f"{name}.{slot}"] = np.zeros(value.shape, dtype or value.dtype)
+    return state
+
+
+def global_norm(grads: Mapping[str, np.ndarray]) -> float:
+    """Return the L2 norm of all gradients together, in float64."""
+    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+
+
+def clip_by_global_norm(
+    grads: MutableMapping[str, np.ndarray], max_norm: float
+) -> tuple[MutableMapping[str, np.ndarray], float]:
+    """Scale ``grads`` in place so their global norm is at most ``max_norm``.
+
+    The coefficient is ``max_norm / (norm + 1e-6)``, applied only when below one, exactly as
+    ``torch.nn.utils.clip_grad_norm_`` computes it. Returns the grads and the norm before
+    clipping.
+    """
+    norm = global_norm(grads)
+    coefficient = max_norm / (norm + CLIP_EPSILON)
+    if coefficient < 1.0:
+        for name, g in grads.items():
+            grads[name] = g * g.dtype.type(coefficient)
+    return grads, norm
+
+
+def apply_update(
+    optimizer: AbstractOptimizer,
+    params: MutableMapping[str, np.ndarray],
+    grads: Mapping[str, np.ndarray],
+    state: MutableMapping[str, np.ndarray],
+    lr: float,
+) -> None:
+    """Apply one update at ``lr`` to ``params`` and ``state`` in place (the reference rule).
+
+    Counts the update in ``state["step"]`` and runs the optimizer's
+    :meth:`~AbstractOptimizer.reference_update` on every parameter.
+    """
+    step = int(state["step"]) + 1
+    state["step"] = np.asarray(step, np.int64)
+    for name, param in params.items():
+        slots = {slot: state[f"{name}.{slot}"] for slot in optimizer.state_slots}
+        params[name], updated = optimizer.reference_update(param, grads[name], slots, lr, step)
+        for slot, value in updated.items():
+            state[f"{name}.{slot}"] = value
+
+
+# Hyperparameter checks, shared by the optimizer families. Each raises ConfigError naming the
+# optimizer, the field and the value, and returns the value as a plain Python type so that
+# to_dict emits JSON types.
+
+
+def set_fields(obj: object, **values: object) -> None:
+    """Store checked, normalised values on a frozen dataclass (only from ``__post_init__``)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+def _real(owner: str, name: str, value: object) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"{owner}: {name} must be a real number, got {name}={value!r}")
+
+
+def check_non_negative(owner: str, name: str, value: object) -> float:
+    """Return a finite real ``value >= 0`` as a float, else raise ConfigError."""
+    number = _real(owner, name, value)
+    if 0.0 <= number < math.inf:
+        return number
+    raise ConfigError(f"{owner}: {name} must be a finite number >= 0, got {name}={value!r}")
+
+
+def check_fraction(owner: str, name: str, value: object) -> float:
+    """Return a decay factor in ``[0, 1)`` as a float, else raise ConfigError."""
+    number = _real(owner, name, value)
+    if 0.0 <= number < 1.0:
+        return number
+    raise ConfigError(f"{owner}: {name} must be in [0, 1), got {name}={value!r}")
+
+
+def check_bool(owner: str, name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise ConfigError."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{owner}: {name} must be a bool, got {name}={value!r}")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import optim
-from unitrain.backend import BackendOptions
+from unitrain.backend import BackendOptions, split_state
 from unitrain.checkpoint import load_checkpoint, save_checkpoint
 from unitrain.conformance._context import CheckFailed, Context
 from unitrain.conformance._probes import copy_state, model_state
@@ -51,12 +51,11 @@ from unitrain.models import (
     TransformerBlock,
 )
 from unitrain.registry import get_backend, list_backends
-from unitrain.state import split_state
 
 #: Square 3x3 kernels with as many outputs as inputs in the second conv: a kernel saved in
 #: another axis order keeps its shape and loads, so only its numbers can give it away.
 CNN = Sequential(
-    [
+    (
         Conv2d(2, 4, 3, padding=1),
         BatchNorm(4),
         ReLU(),
@@ -65,18 +64,18 @@ CNN = Sequential(
         ReLU(),
         GlobalAvgPool(),
         Linear(4, 3),
-    ]
+    )
 )
 #: The query, key and value projections share one shape, so weights saved under each other's
 #: names (a packed ``in_proj`` split in the wrong order) load, and only their numbers differ.
 TRANSFORMER = Sequential(
-    [
+    (
         Embedding(11, 8),
         PositionalEmbedding(6, 8),
         TransformerBlock(8, 2, mlp_ratio=2, causal=True),
         LayerNorm(8),
         Linear(8, 11),
-    ]
+    )
 )
 #: Momentum buffers are optimizer state that must move too. Not Adam: a conv bias before
 #: BatchNorm and the attention key bias have zero gradient in theory (rounding noise in

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain import ConfigError
 from unitrain.strategy import worker_shard
 
 __all__ = [

@@ -290,6 +290,14 @@ def test_early_stopping_min_delta_boundary_is_strict():
     assert stopped == 1
 
 
+@pytest.mark.parametrize(("mode", "values"), [("min", [1.0, 1.0, 0.0]), ("max", [1.0, 1.0, 2.0])])
+def test_early_stopping_an_equal_value_is_no_improvement(mode, values):
+    callback = EarlyStopping(monitor="score", mode=mode, patience=1)
+    _, stopped = drive(callback, values)
+    assert stopped == 1
+    assert callback.best_epoch == 0
+
+
 def test_early_stopping_baseline_not_beaten_stops_after_patience_while_improving():
     callback = EarlyStopping(monitor="val_loss", patience=2, baseline=0.5)
     _, stopped = drive(callback, [1.0, 0.9, 0.8, 0.7, 0.6], key="val_loss")
@@ -375,6 +383,14 @@ def test_restore_best_weights_keeps_the_first_monitored_epoch_when_nothing_impro
     weights = trainer.backend.weights
     np.testing.assert_array_equal(weights["model.layers.0.bias"], np.full(2, start_from_epoch))
     np.testing.assert_array_equal(weights["optimizer.step"], 4)
+
+
+def test_restore_best_weights_with_no_monitored_epoch_keeps_the_last_weights():
+    # Every epoch is before start_from_epoch: no snapshot was taken, so nothing is restored.
+    callback = EarlyStopping(monitor="val_loss", restore_best_weights=True, start_from_epoch=5)
+    trainer, stopped = drive(callback, [1.0, 0.5, 0.7], key="val_loss")
+    assert stopped is None and callback.best_weights is None
+    np.testing.assert_array_equal(trainer.backend.weights["model.layers.0.bias"], [2, 2])
 
 
 def test_without_restore_best_weights_the_last_weights_stay():
@@ -598,6 +614,24 @@ def test_reduce_lr_on_plateau_matches_keras3_rules(
     assert min(got) >= min_lr * (1 - 1e-12)
 
 
+def test_reduce_lr_on_plateau_at_min_lr_keeps_waiting_without_cooling_down():
+    """At ``min_lr`` a plateau cannot lower the LR, and (as in Keras) it neither resets
+    ``wait`` nor starts a cooldown: when the schedule raises the LR again, a plateau that
+    has lasted long enough reduces it at once."""
+    callback = ReduceLROnPlateau(
+        monitor="score", mode="min", factor=0.5, patience=2, cooldown=3, min_lr=0.1
+    )
+    trainer = FakeTrainer(base_lr=0.1)
+    callback.on_train_begin(trainer)
+    for epoch in range(4):
+        callback.on_epoch_end(trainer, epoch, {"score": 1.0})
+    assert trainer.lr == 0.1
+    assert (callback.wait, callback.cooldown_counter) == (3, 0)  # epoch 0 was the best
+    trainer.base_lr = 0.4  # the schedule's LR rises
+    callback.on_epoch_end(trainer, 4, {"score": 1.0})
+    assert trainer.lr == pytest.approx(0.2, rel=1e-12)
+
+
 def test_reduce_lr_on_plateau_state_round_trip():
     values = [1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5]
     rules = dict(monitor="score", mode="min", factor=0.5, patience=1, cooldown=2, min_delta=0.0)
@@ -692,6 +726,15 @@ def test_early_stopping_says_why_training_stopped():
     assert stopped == 1
     assert trainer.stop_reason == (
         "early stopping: score did not improve for 1 epochs (best 1 at epoch 1)"
+    )
+
+
+def test_early_stopping_says_when_no_epoch_was_the_best():
+    stopper = EarlyStopping(monitor="score", mode="min", patience=1)
+    trainer, stopped = drive(stopper, [math.nan, math.nan])
+    assert stopped == 1
+    assert trainer.stop_reason == (
+        "early stopping: score did not improve for 2 epochs (best inf at none)"
     )
 
 

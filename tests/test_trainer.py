@@ -474,6 +474,50 @@ def test_steps_per_call_leftovers_train_one_fused_update_each():
         np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
 
 
+class _CallRecorder(callbacks.Callback):
+    """Records what the batch hooks are given: (trainer, batch index) and the logged LR."""
+
+    def __init__(self) -> None:
+        self.begins: list[tuple[object, int]] = []
+        self.lrs: list[float] = []
+
+    def on_batch_begin(self, trainer, batch):
+        self.begins.append((trainer, batch))
+
+    def on_batch_end(self, trainer, batch, logs):
+        self.lrs.append(logs["lr"])
+
+
+def test_multi_step_calls_train_a_chunk_of_mixed_sizes_one_batch_at_a_time():
+    """A native loader whose batch sizes vary mid-epoch: a chunk of steps_per_call batches
+    that cannot be stacked goes one update per batch, and the chunks after it are stacked
+    again. Every batch trains once, at its own LR; a call's hooks see the batch index where
+    it starts and the LR of its last update. The run equals the plain one."""
+    x, y = small_data(n=44)
+    edges = np.cumsum([0, 8, 4, 8, 8, 8, 8])  # a mixed chunk, then a full one of 8s
+    batches = [(x[a:b], y[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    runs = []
+    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 3)):
+        recorder = _CallRecorder()
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            schedule=schedules.LinearDecay(0.1, 0.01, 6),
+            callbacks=[recorder],
+            config=TrainerConfig(epochs=1, steps_per_call=steps, dtype="float64"),
+        )
+        trainer.fit(batches)
+        assert trainer.state.step == 6
+        assert all(seen is trainer for seen, _ in recorder.begins)
+        runs.append((trainer.backend.state_dict(), recorder))
+    (plain, plain_calls), (multi, multi_calls) = runs
+    assert [batch for _, batch in plain_calls.begins] == [0, 1, 2, 3, 4, 5]
+    assert [batch for _, batch in multi_calls.begins] == [0, 1, 2, 3]
+    assert multi_calls.lrs == [plain_calls.lrs[i] for i in (0, 1, 2, 5)]
+    for key in plain:
+        np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
+
+
 def test_a_reduced_learning_rate_applies_to_accumulated_updates():
     """ReduceLROnPlateau's factor multiplies the schedule in the accumulation path too (and
     the LR reaches the batch logs): 'loss' in mode 'max' never improves after the first

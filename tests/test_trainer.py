@@ -436,6 +436,17 @@ def test_evaluation_errors_name_the_data_they_are_about(method, label):
         evaluate(_NoBatches())
 
 
+def test_evaluating_a_shuffled_loader_reads_its_first_epoch():
+    """A loader passed as it is keeps its shuffle; evaluation reads its epoch-0 order and
+    returns the example-weighted mean of the backend's batch losses, in that order."""
+    x, y = small_data(n=30)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(dtype="float64"))
+    loader = ArrayLoader(x, y, 8, seed=3)
+    total = sum(trainer.backend.evaluate(b)["loss"] * len(b[0]) for b in loader.batches(0))
+    assert trainer.validate(loader)["val_loss"] == total / 30
+    assert trainer.test(loader)["test_loss"] == total / 30
+
+
 class _MultiStepNumpy(NumpyBackend):
     """The reference with the optional fast paths, each defined as the plain calls."""
 

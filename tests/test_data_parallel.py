@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unitrain import DataError, Trainer, TrainerConfig, callbacks
+from unitrain import ArrayLoader, DataError, Trainer, TrainerConfig, callbacks
 from unitrain._errors import ConfigError
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.conformance import check_backend
@@ -213,3 +213,34 @@ def test_jax_local_devices_split_each_batch_and_match_one_device():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok")
+
+
+class _NoBatches:
+    """A re-iterable that yields nothing."""
+
+    def __iter__(self):
+        return iter(())
+
+
+@pytest.mark.parametrize("metrics", [(), ("perplexity",)])
+def test_several_workers_evaluate_like_one(metrics):
+    """With the loss alone each worker evaluates its slices and the sums are added up; with
+    metrics beyond it every worker evaluates every example. Either way the results are one
+    worker's, metrics included, and an empty source is named in the error."""
+    loader = ArrayLoader(*_data(20, seed=1), batch_size=8, seed=3)  # read in epoch 0's order
+    results = []
+    for strategy in (None, SimulatedWorkers(WORKERS)):
+        trainer = Trainer(
+            MLP((5, 7, 2)),
+            backend="numpy",
+            metrics=metrics,
+            config=TrainerConfig(batch_size=8, dtype="float64", seed=1),
+            strategy=strategy,
+        )
+        results.append(trainer.validate(loader))
+        with pytest.raises(DataError, match="^val_data yielded no batches"):
+            trainer.validate(_NoBatches())
+    one, two = results
+    assert {"val_loss", *(f"val_{name}" for name in metrics)} <= set(one) == set(two)
+    for key in one:
+        assert two[key] == pytest.approx(one[key], rel=1e-13)  # summation order only

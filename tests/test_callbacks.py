@@ -1085,10 +1085,10 @@ class Recorder(Callback):
         self.calls.append(("on_batch_end", batch, logs["step"]))
 
     def on_validation_begin(self, trainer):
-        self.calls.append(("on_validation_begin",))
+        self.calls.append(("on_validation_begin", trainer.state.step))
 
     def on_validation_end(self, trainer, logs):
-        self.calls.append(("on_validation_end", sorted(logs)))
+        self.calls.append(("on_validation_end", sorted(logs), trainer.state.step))
 
 
 def test_hook_order_of_a_run_with_validation_and_accumulation():
@@ -1107,8 +1107,8 @@ def test_hook_order_of_a_run_with_validation_and_accumulation():
             ("on_batch_end", 2, step + 1),
             ("on_batch_begin", 2, step + 1),
             ("on_batch_end", 3, step + 2),
-            ("on_validation_begin",),
-            ("on_validation_end", val),
+            ("on_validation_begin", step + 2),
+            ("on_validation_end", val, step + 2),
             ("on_epoch_end", epoch, step + 2, True),
         ]
     expected.append(("on_train_end",))

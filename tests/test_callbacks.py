@@ -1115,6 +1115,29 @@ def test_hook_order_of_a_run_with_validation_and_accumulation():
     assert recorder.calls == expected
 
 
+class _StopAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_batch_end(self, trainer, batch, logs):
+        if trainer.state.step == self.step:
+            trainer.stop("stopped by the test")
+
+
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_a_stop_in_mid_epoch_still_ends_the_epoch(grad_accum_steps):
+    """Stopping inside an epoch skips its remaining batches, not its end: the epoch is
+    validated, logged in the history and passed to on_epoch_end, on either update path."""
+    recorder = Recorder()
+    trainer = make_trainer(
+        [_StopAtStep(3), recorder], epochs=3, batch_size=2, grad_accum_steps=grad_accum_steps
+    )
+    history = trainer.fit(tiny_data(n=16), tiny_data(n=4, seed=1))
+    assert [(row["epoch"], row["step"], "val_loss" in row) for row in history] == [(1, 3, True)]
+    assert recorder.calls[-2:] == [("on_epoch_end", 0, 3, True), ("on_train_end",)]
+    assert trainer.state.epoch == 1
+
+
 def test_checkpointing_callbacks_run_last_in_each_hook():
     order: list[str] = []
 

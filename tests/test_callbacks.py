@@ -1138,6 +1138,22 @@ def test_a_stop_in_mid_epoch_still_ends_the_epoch(grad_accum_steps):
     assert trainer.state.epoch == 1
 
 
+class _LossSteps(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_batch_end(self, trainer, batch, logs):
+        if "loss" in logs:
+            self.steps.append(logs["step"])
+
+
+def test_batch_logs_carry_the_loss_every_log_every_n_steps():
+    """The running loss is read back (a host sync) only at logging points."""
+    seen = _LossSteps()
+    make_trainer([seen], epochs=2, batch_size=2, log_every_n_steps=3).fit(tiny_data(n=10))
+    assert seen.steps == [3, 6, 9]
+
+
 def test_checkpointing_callbacks_run_last_in_each_hook():
     order: list[str] = []
 

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1152,6 +1153,16 @@ def test_batch_logs_carry_the_loss_every_log_every_n_steps():
     seen = _LossSteps()
     make_trainer([seen], epochs=2, batch_size=2, log_every_n_steps=3).fit(tiny_data(n=10))
     assert seen.steps == [3, 6, 9]
+
+
+def test_validation_runs_every_n_epochs_and_after_the_last():
+    trainer = make_trainer([], epochs=4, val_every_n_epochs=3)
+    started = time.perf_counter()
+    history = trainer.fit(tiny_data(), tiny_data(n=4, seed=1))
+    elapsed = time.perf_counter() - started
+    assert [row["epoch"] for row in history if "val_loss" in row] == [3, 4]
+    assert sum(row["seconds"] for row in history) <= elapsed
+    assert all(row["seconds"] > 0 for row in history)
 
 
 def test_checkpointing_callbacks_run_last_in_each_hook():

@@ -107,6 +107,15 @@ def test_simulated_workers_equal_one_worker_with_the_global_batch_in_float64(acc
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-13)
 
 
+def test_steps_per_call_without_a_multi_step_call_runs_one_update_per_call_on_workers():
+    """Batches are never stacked for a call the run does not make: with several workers and
+    steps_per_call=2 on a backend without a multi-step call, the run equals the plain one."""
+    plain = _fit(WORKERS)
+    with pytest.warns(UserWarning, match="no multi-step call"):
+        multi = _fit(WORKERS, steps_per_call=2)
+    assert _max_difference(plain, multi) == 0.0
+
+
 def test_a_batch_smaller_than_the_workers_is_refused_before_training():
     with pytest.raises(DataError, match="fewer than the 3 workers"):
         _fit(3, batch_size=11)  # 46 = 4 x 11 + 2: the last batch has 2 examples

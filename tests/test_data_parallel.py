@@ -247,7 +247,7 @@ def test_several_workers_evaluate_like_one(metrics):
             strategy=strategy,
         )
         results.append(trainer.validate(loader))
-        with pytest.raises(DataError, match="^val_data yielded no batches"):
+        with pytest.raises(DataError, match=r"^val_data yielded no batches"):
             trainer.validate(_NoBatches())
     one, two = results
     assert {"val_loss", *(f"val_{name}" for name in metrics)} <= set(one) == set(two)

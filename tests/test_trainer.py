@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -506,7 +507,7 @@ def test_multi_step_calls_train_a_chunk_of_mixed_sizes_one_batch_at_a_time():
     it starts and the LR of its last update. The run equals the plain one."""
     x, y = small_data(n=44)
     edges = np.cumsum([0, 8, 4, 8, 8, 8, 8])  # a mixed chunk, then a full one of 8s
-    batches = [(x[a:b], y[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    batches = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(edges)]
     runs = []
     for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 3)):
         recorder = _CallRecorder()

@@ -448,6 +448,24 @@ def test_evaluating_a_shuffled_loader_reads_its_first_epoch():
     assert trainer.test(loader)["test_loss"] == total / 30
 
 
+class _RunsDry:
+    """A loader whose batch is there when the Trainer checks it, and gone when it is read."""
+
+    def __init__(self, batch):
+        self.batch, self.passes = batch, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([self.batch] if self.passes == 1 else [])
+
+
+@pytest.mark.parametrize("method, label", [("validate", "val_data"), ("test", "test_data")])
+def test_a_loader_that_runs_dry_after_its_check_is_named_in_the_error(method, label):
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy")
+    with pytest.raises(DataError, match=f"^{label} yielded no batches"):
+        getattr(trainer, method)(_RunsDry(small_data(n=4)))
+
+
 class _MultiStepNumpy(NumpyBackend):
     """The reference with the optional fast paths, each defined as the plain calls."""
 

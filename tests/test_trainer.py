@@ -466,6 +466,36 @@ def test_a_loader_that_runs_dry_after_its_check_is_named_in_the_error(method, la
         getattr(trainer, method)(_RunsDry(small_data(n=4)))
 
 
+class _PredictOnlyNumpy:
+    """The reference without ``outputs``: metrics go through ``predict`` on the host, as with
+    a third-party backend that offers only the required methods and ``predict``."""
+
+    def __init__(self, model, options):
+        self._inner = NumpyBackend(model, options)
+
+    def __getattr__(self, name):
+        if name in ("outputs", "array_ops"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_metrics_through_predict_equal_metrics_on_the_device():
+    x, y = small_data(n=30)
+    results = []
+    for backend in (NumpyBackend, _PredictOnlyNumpy):
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            metrics=["top2_accuracy", "perplexity"],
+            config=TrainerConfig(batch_size=8, dtype="float64"),
+        )
+        results.append(trainer.validate((x, y)))
+    device, host = results
+    assert {"val_top2_accuracy", "val_perplexity"} <= set(device) == set(host)
+    for key in device:
+        assert host[key] == pytest.approx(device[key], rel=1e-12), key
+
+
 class _MultiStepNumpy(NumpyBackend):
     """The reference with the optional fast paths, each defined as the plain calls."""
 

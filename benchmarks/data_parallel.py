@@ -9,7 +9,15 @@ checks every checkpoint left behind, resumes with ``--resume latest`` and compar
 
 ``python benchmarks/data_parallel.py throughput --backend torch`` trains W1
 (:mod:`benchmarks.workloads`) on 1 and then 2 single-threaded workers in the same run and
-prints examples per second of each (timed after a first, warm-up epoch).
+prints examples per second of each (timed after a first, warm-up epoch); then, with every
+part of a step timed to completion (which slows JAX, whose calls otherwise overlap), where a
+step's time goes on 1 and on 2 workers: forward and backward, the gradient all-reduce, the
+rest of the update, and the Trainer around them.
+
+``python benchmarks/data_parallel.py local-devices --backend tensorflow`` trains the digits
+recipe for 10 epochs on ``LocalDevices(2)`` (two logical CPUs, or for JAX two host devices)
+and on one device in one process, and prints the final weights' relative difference, both
+early-stopping outcomes and both times.
 """
 
 from __future__ import annotations
@@ -184,8 +192,50 @@ def kill_and_resume(backend: str, out: Path, report: dict[str, Any]) -> None:
     )
 
 
-def _w1_worker(epochs: int) -> None:
+def _stopping(trainer: Any) -> tuple[int, bool]:
+    """The epochs run and whether early stopping ended them."""
+    return trainer.state.epoch, trainer.state.stop_training
+
+
+def local_devices(backend: str) -> None:
+    """Digits for 10 epochs on ``LocalDevices(2)`` and on one device; print the figures."""
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before JAX starts
+    from importlib import import_module
+
+    from unitrain.recipes import default_trainer
+
+    # Made first: TensorFlow splits its CPU only before its runtime starts.
+    devices = import_module(f"unitrain.backends.{backend}").LocalDevices(2)
+    runs, seconds = {}, {}
+    for name, strategy in (("2 devices", devices), ("1 device", None)):
+        trainer, train, val = default_trainer(
+            backend=backend, device="cpu", epochs=10, strategy=strategy, progress=False
+        )
+        started = time.perf_counter()
+        trainer.fit(train, val)
+        seconds[name] = round(time.perf_counter() - started, 2)
+        runs[name] = trainer
+    two, one = (runs[name] for name in ("2 devices", "1 device"))
+    weights = [
+        {k: v for k, v in run.backend.state_dict().items() if k.startswith("model.")}
+        for run in (two, one)
+    ]
+    report = {
+        "backend": backend,
+        "2 vs 1 device: final weights relative difference": _relative(*weights),
+        "2 devices": f"epoch {two.state.epoch}, step {two.state.step}, "
+        f"stopped early {two.state.stop_training}",
+        "1 device": f"epoch {one.state.epoch}, step {one.state.step}, "
+        f"stopped early {one.state.stop_training}",
+        "same early-stopping decisions": _stopping(two) == _stopping(one),
+        "seconds to train": seconds,
+    }
+    print(json.dumps(report, indent=2))
+
+
+def _w1_worker(epochs: int, profile: bool = False) -> None:
     """Train W1 on the workers this process belongs to; rank 0 prints examples per second."""
+    from benchmarks.step_timers import StepTimers
     from benchmarks.workloads import LEARNING_RATE, MOMENTUM, WORKLOADS, make_data
     from unitrain import Trainer, TrainerConfig, models, schedules
     from unitrain.optim import SGD
@@ -193,10 +243,13 @@ def _w1_worker(epochs: int) -> None:
     workload = WORKLOADS["W1"]
     x, y = make_data(workload)
     times: list[float] = []
+    timers: StepTimers | None = None
 
     class Clock:
         def on_epoch_begin(self, trainer: Any, epoch: int) -> None:
             times.append(time.perf_counter())
+            if timers is not None and epoch == 1:  # the first epoch compiles and warms up
+                timers.seconds.clear()
 
         def on_train_end(self, trainer: Any) -> None:
             times.append(time.perf_counter())
@@ -212,11 +265,18 @@ def _w1_worker(epochs: int) -> None:
             epochs=epochs, batch_size=workload.batch_size, device="cpu", log_every_n_steps=32
         ),
     )
+    if profile:
+        timers = StepTimers(trainer.backend)
+        timers.attach(trainer)
     trainer.fit((x, y))
     if trainer.strategy.is_main:
         seconds = times[-1] - times[1]  # after the first epoch: compilation and warm-up
         rate = (epochs - 1) * workload.num_examples / seconds
-        print(json.dumps({"workers": trainer.strategy.world_size, "examples_per_s": rate}))
+        result: dict[str, Any] = {"workers": trainer.strategy.world_size, "examples_per_s": rate}
+        if timers is not None:
+            steps = (epochs - 1) * workload.steps_per_epoch
+            result["ms per step"] = timers.report(seconds, steps)
+        print(json.dumps(result))
 
 
 def throughput(backend: str, epochs: int) -> None:
@@ -226,16 +286,20 @@ def throughput(backend: str, epochs: int) -> None:
     env = {**os.environ, **SINGLE_THREAD, "UNITRAIN_BENCH_BACKEND": backend}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     program = [__file__, "w1-worker", "--epochs", str(epochs)]
-    rates = {}
-    for workers in (1, 2):
+
+    def run(workers: int, *extra: str) -> dict[str, Any]:
         launcher = [sys.executable]
         if workers > 1:
             launcher = get_backend(backend).launch_command(workers)
-        done = subprocess.run([*launcher, *program], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [*launcher, *program, *extra], capture_output=True, text=True, env=env
+        )
         if done.returncode:
             raise SystemExit(done.stderr[-3000:])
-        line = [row for row in done.stdout.splitlines() if row.startswith("{")][-1]
-        rates[workers] = json.loads(line)["examples_per_s"]
+        return json.loads([row for row in done.stdout.splitlines() if row.startswith("{")][-1])
+
+    rates = {workers: run(workers)["examples_per_s"] for workers in (1, 2)}
+    profiles = {workers: run(workers, "--profile")["ms per step"] for workers in (1, 2)}
     # The control: two independent one-worker runs at once, no communication. What they add
     # up to is what this machine gives two processes; the gap to it is the engine's cost.
     jobs = [
@@ -252,6 +316,7 @@ def throughput(backend: str, epochs: int) -> None:
                 "W1 examples/s": rates,
                 "speed-up": rates[2] / rates[1],
                 "two independent 1-worker runs at once, examples/s together": together,
+                "ms per step, every part timed to completion (by workers)": profiles,
                 "load average at the end": os.getloadavg(),
             }
         )
@@ -260,10 +325,13 @@ def throughput(backend: str, epochs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("digits", "kill", "throughput", "w1-worker"))
+    parser.add_argument(
+        "what", choices=("digits", "kill", "throughput", "local-devices", "w1-worker")
+    )
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--out", default="/tmp/unitrain-data-parallel")
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--profile", action="store_true", help="w1-worker: time each part")
     args = parser.parse_args()
     if args.what == "digits":
         digits(args.backend, Path(args.out) / args.backend)
@@ -273,8 +341,10 @@ def main() -> None:
         print(json.dumps(report, indent=2))
     elif args.what == "throughput":
         throughput(args.backend, args.epochs)
+    elif args.what == "local-devices":
+        local_devices(args.backend)
     else:
-        _w1_worker(args.epochs)
+        _w1_worker(args.epochs, args.profile)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import paper_models
 from benchmarks.workloads import SEED, Workload
 
 __all__ = ["jax_model", "keras_model", "torch_model"]
@@ -17,6 +18,8 @@ __all__ = ["jax_model", "keras_model", "torch_model"]
 
 def torch_model(workload: Workload) -> Any:
     """An ``nn.Sequential`` (channels-first for the CNN) with torch's default initialisation."""
+    if workload.kind in paper_models.KINDS:
+        return paper_models.torch_model(workload)
     import torch
     from torch import nn
 
@@ -43,6 +46,8 @@ def torch_model(workload: Workload) -> Any:
 
 def keras_model(workload: Workload) -> Any:
     """A built ``keras.Sequential`` (channels-last) on whichever Keras backend is active."""
+    if workload.kind in paper_models.KINDS:
+        return paper_models.keras_model(workload)
     import keras
 
     keras.utils.set_random_seed(SEED)
@@ -64,6 +69,8 @@ def keras_model(workload: Workload) -> Any:
 
 def jax_model(workload: Workload) -> tuple[Any, dict[str, Any]]:
     """``(apply(params, x), params)``: a pure function and numpy parameters (torch-style init)."""
+    if workload.kind in paper_models.KINDS:
+        return paper_models.jax_model(workload)
     import jax
     import jax.numpy as jnp
 

@@ -8,6 +8,7 @@ and a method that does not learn shows up in the reported losses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -25,9 +26,12 @@ class Workload:
 
     Attributes:
         name: short label used on the command line and in tables.
-        kind: ``"mlp"`` or ``"cnn"``.
-        sizes: MLP layer widths (input first); for the CNN, ``(channels..., classes)``.
-        input_shape: one example's shape, channels last (``(28, 28, 1)`` for the CNN).
+        kind: ``"mlp"``, ``"cnn"``, ``"lenet"`` or ``"transformer"``.
+        sizes: MLP layer widths (input first); for the CNN, ``(channels..., classes)``; for
+            LeNet ``(conv1, conv2, hidden1, hidden2, classes)``; for the Transformer
+            ``(dim, depth, heads)`` (the vocabulary is the corpus's).
+        input_shape: one example's shape, channels last (``(28, 28, 1)`` for the CNN); the
+            sequence length ``(L,)`` for the Transformer.
         batch_size: examples per step.
         steps_per_epoch: full batches in one epoch (the data holds exactly that many).
         epochs_per_segment: epochs in one timed segment (a repeat) of a full run.
@@ -50,8 +54,8 @@ class Workload:
 
     @property
     def classes(self) -> int:
-        """Number of output classes."""
-        return self.sizes[-1]
+        """Number of output classes (the vocabulary for the Transformer)."""
+        return len(corpus()[1]) if self.kind == "transformer" else self.sizes[-1]
 
     def segment_epochs(self, quick: bool) -> int:
         """Epochs per timed segment."""
@@ -61,6 +65,19 @@ class Workload:
         """A one-line description for tables."""
         if self.kind == "mlp":
             return f"MLP {'-'.join(map(str, self.sizes))}, batch {self.batch_size}"
+        if self.kind == "lenet":
+            c1, c2, h1, h2, classes = self.sizes
+            h, w, c = self.input_shape
+            return (
+                f"LeNet-5 {h}x{w}x{c} conv3x3 {c1}-{c2} + tanh + avg-pool, dense {h1}-{h2}-"
+                f"{classes}, batch {self.batch_size}"
+            )
+        if self.kind == "transformer":
+            dim, depth, heads = self.sizes
+            return (
+                f"char LM, {depth} pre-LN blocks dim {dim} {heads} heads, vocabulary "
+                f"{self.classes}, {self.input_shape[0]} tokens x batch {self.batch_size}"
+            )
         h, w, c = self.input_shape
         convs = "-".join(map(str, self.sizes[:-1]))
         return (
@@ -75,8 +92,22 @@ WORKLOADS: dict[str, Workload] = {
         Workload("W2", "mlp", (32, 64, 10), (32,), 32, 64, 16, 8),
         # conv 3x3 (1->8) relu maxpool2, conv 3x3 (8->16) relu maxpool2, dense 400->10.
         Workload("CNN", "cnn", (8, 16, 10), (28, 28, 1), 64, 16, 4, 2),
+        # unitrain.models portable layers from here on (examples/papers' LeNet-5 and char LM).
+        Workload("LeNet", "lenet", (6, 16, 120, 84, 10), (8, 8, 1), 64, 32, 8, 4),
+        Workload("Transformer", "transformer", (64, 2, 4), (64,), 16, 16, 2, 1),
     )
 }
+
+
+@functools.cache
+def corpus() -> tuple[np.ndarray, str]:
+    """``(character ids, vocabulary)`` of ``pydoc_data.topics`` (stdlib text, no download)."""
+    from pydoc_data.topics import topics
+
+    text = "".join(topics[key] for key in sorted(topics))
+    vocabulary = "".join(sorted(set(text)))
+    lookup = {c: i for i, c in enumerate(vocabulary)}
+    return np.array([lookup[c] for c in text], np.int64), vocabulary
 
 
 def make_data(workload: Workload, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +118,11 @@ def make_data(workload: Workload, seed: int = SEED) -> tuple[np.ndarray, np.ndar
         >>> x.shape, y.shape, x.dtype.name, y.dtype.name
         ((2048, 32), (2048,), 'float32', 'int64')
     """
+    if workload.kind == "transformer":  # consecutive windows; the targets are the next ids
+        length = workload.input_shape[0]
+        ids = corpus()[0][: workload.num_examples * length + 1]
+        rows = np.arange(workload.num_examples)[:, None] * length + np.arange(length + 1)
+        return ids[rows][:, :-1].copy(), ids[rows][:, 1:].copy()
     rng = np.random.default_rng([seed, workload.num_examples])
     x = rng.standard_normal((workload.num_examples, *workload.input_shape), dtype=np.float32)
     flat = x.reshape(len(x), -1)

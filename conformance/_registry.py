@@ -45,6 +45,7 @@ FAMILIES = (
     "mixed_precision",
     "layers",
     "model_state",
+    "handoff",
     "data_parallel",
 )
 

@@ -12,6 +12,8 @@ from unitrain._run_state import model_description  # noqa: E402
 from unitrain.backend import BackendOptions  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
 from unitrain.backends.torch import TorchBackend  # noqa: E402
+from unitrain.backends.torch.backend import reads_flag_on_host  # noqa: E402
+from unitrain.backends.torch.kernels import device_guard  # noqa: E402
 
 MODEL = models.MLP((6, 10, 3))
 
@@ -344,7 +346,10 @@ def test_a_fused_step_decides_its_skip_on_the_device(spec, clip, no_host_reads):
     parameters and optimizer state exactly as they were."""
     options = BackendOptions(optimizer=spec, grad_clip_norm=clip, device="cpu")
     backend, reference = TorchBackend(MODEL, options), NumpyBackend(MODEL, options)
-    assert backend._guard is not None, "float32 CPU SGD/Adam run fused here"
+    # The CPU reads the flag on the host (free there); the guard an accelerator gets is
+    # installed by hand to test it here. float32 CPU SGD/Adam run fused, so it applies.
+    backend._guard = device_guard(backend.optimizer.native, clip)
+    assert backend._guard is not None
     x, y = data(16)
     poisoned = x.copy()
     poisoned[3, 2] = np.nan  # a NaN input: every gradient it reaches is NaN
@@ -367,11 +372,20 @@ def test_a_fused_step_decides_its_skip_on_the_device(spec, clip, no_host_reads):
 
 
 def test_runs_that_need_each_outcome_on_the_host_keep_the_host_guard():
-    """Dropout seeds follow the applied-update count and the loss scale each outcome, so those
-    runs read the flag; AdamW (computed by hand) and a bfloat16 SGD (no fused CPU kernel that
-    skips correctly) have no device flag to give."""
-    dropout = models.MLP((6, 10, 3), dropout=0.1)
-    assert TorchBackend(dropout, BackendOptions(device="cpu"))._guard is None
-    assert TorchBackend(MODEL, BackendOptions(optimizer=optim.AdamW()))._guard is None
-    assert TorchBackend(MODEL, BackendOptions(dtype="bfloat16", device="cpu"))._guard is None
-    assert TorchBackend(MODEL, BackendOptions(device="cpu"))._guard is not None
+    """The CPU reads the flag (free there); on an accelerator, dropout seeds and the fp16 loss
+    scale need each outcome, and AdamW (computed by hand, ``native`` None) and bfloat16 SGD on
+    the CPU (whose fused kernel does not skip correctly) have no device flag to give."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    sgd = TorchBackend(MODEL, BackendOptions(device="cpu")).optimizer.native
+    assert sgd is not None and not reads_flag_on_host(cuda, False, False, sgd)
+    assert reads_flag_on_host(cpu, False, False, sgd)
+    assert reads_flag_on_host(cuda, True, False, sgd)
+    assert reads_flag_on_host(cuda, False, True, sgd)
+    adamw = TorchBackend(MODEL, BackendOptions(optimizer=optim.AdamW())).optimizer.native
+    assert adamw is None and reads_flag_on_host(cuda, False, False, adamw)
+    dropout = TorchBackend(models.MLP((6, 10, 3), dropout=0.1), BackendOptions(device="cpu"))
+    assert getattr(dropout.module, "generator", None) is not None  # what the backend passes
+    bfloat16_sgd = TorchBackend(MODEL, BackendOptions(dtype="bfloat16", device="cpu"))
+    assert device_guard(bfloat16_sgd.optimizer.native, None) is None
+    assert device_guard(sgd, None) is not None
+    assert TorchBackend(MODEL, BackendOptions(device="cpu"))._guard is None

@@ -72,3 +72,28 @@ def test_import_unitrain_is_fast_and_imports_no_framework() -> None:
     result = json.loads(completed.stdout)
     assert result["median_import_seconds"] < IMPORT_BOUND_SECONDS, result
     assert result["heavy_modules_imported"] == [], result
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["LeNet", "Transformer"])
+def test_the_paper_workloads_native_model_is_the_portable_one(name: str) -> None:
+    """The hand-written torch model has the portable model's parameters and output shape, so
+    the benchmark compares the same network (the JAX and Keras ones are built alike)."""
+    import numpy as np
+    import torch
+
+    from benchmarks.methods.torch_native import torch_inputs
+    from benchmarks.paper_models import portable_model, torch_model
+    from benchmarks.workloads import WORKLOADS
+
+    workload = WORKLOADS[name]
+    portable, native = portable_model(workload), torch_model(workload)
+    # Totals, since torch packs the query, key and value weights into one in_proj tensor.
+    count = sum(int(np.prod(shape)) for shape in portable.param_shapes().values())
+    assert sum(p.numel() for p in native.parameters()) == count
+    x, y = torch_inputs(workload)
+    assert x.shape[0] == y.shape[0] == workload.num_examples
+    with torch.no_grad():
+        out = native(torch.from_numpy(x[:4]))
+    assert tuple(out.shape) == (4, *portable.output_shape(workload.input_shape))
+    assert out.shape[-1] == workload.classes and y.max() < workload.classes

@@ -211,6 +211,54 @@ class TensorFlowSamePadding(TorchBackend):
         return forward(torch.nn.functional.pad(x, (0, 0, 0, 2 * pw - 1, 0, 2 * ph - 1)))
 
 
+class _SavesArraysInAnotherLayout(TorchBackend):
+    """Converts some arrays on the way out of ``state_dict`` and back on the way in, so its
+    own round trips are exact and only another backend reading its checkpoint can tell."""
+
+    def _convert(self, state: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._convert(super().state_dict())
+
+    def load_state_dict(self, state: Any) -> None:
+        super().load_state_dict(self._convert(dict(state)))
+
+
+class ConvKernelsSwapHeightAndWidth(_SavesArraysInAnotherLayout):
+    """Conv kernels (and their momentum) saved ``(kw, kh, in, out)``: torch's OIHW kernel
+    permuted with ``(3, 2, 1, 0)`` where ``(2, 3, 1, 0)`` is right. Square kernels keep
+    their shape, so the checkpoint loads anywhere."""
+
+    only_optimizer: ClassVar[bool] = False
+
+    def _convert(self, state: dict[str, Any]) -> dict[str, Any]:
+        for key, value in state.items():
+            chosen = key.startswith("optimizer.") or not self.only_optimizer
+            if chosen and np.ndim(value) == 4 and ".weight" in key:
+                state[key] = np.ascontiguousarray(np.swapaxes(value, 0, 1))
+        return state
+
+
+class ConvMomentumSwapsHeightAndWidth(ConvKernelsSwapHeightAndWidth):
+    """Only the conv kernels' momentum buffers are saved ``(kw, kh, in, out)``: the weights
+    are right, so evaluation agrees and only training on after a hand-off drifts."""
+
+    only_optimizer = True
+
+
+class AttentionMomentumQueryKeySwapped(_SavesArraysInAnotherLayout):
+    """The attention momentum buffers of the query and key projections saved under each
+    other's names (a packed ``in_proj`` split in the wrong order)."""
+
+    def _convert(self, state: dict[str, Any]) -> dict[str, Any]:
+        for key in list(state):
+            if key.startswith("optimizer.") and ".attention.query." in key:
+                other = key.replace(".attention.query.", ".attention.key.")
+                state[key], state[other] = state[other], state[key]
+        return state
+
+
 #: fault -> (faulty backend, the check that catches it)
 FAULTS = {
     # schedules
@@ -370,6 +418,19 @@ FAULTS = {
     "TensorFlow SAME padding at stride 2": (
         TensorFlowSamePadding,
         "layers::conv_stride2_pad1[cpu-float32]",
+    ),
+    # cross-backend checkpoint hand-off
+    "conv kernels saved with height and width swapped": (
+        ConvKernelsSwapHeightAndWidth,
+        "handoff::cnn_numpy[cpu-float32]",
+    ),
+    "conv momentum saved with height and width swapped": (
+        ConvMomentumSwapsHeightAndWidth,
+        "handoff::cnn_numpy[cpu-float32]",
+    ),
+    "attention query and key momentum swapped on save": (
+        AttentionMomentumQueryKeySwapped,
+        "handoff::transformer_numpy[cpu-float32]",
     ),
     # mixed precision
     "mixed precision ignored": (

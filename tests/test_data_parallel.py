@@ -5,8 +5,13 @@ the kit's ``data_parallel`` family, which ``test_conformance`` runs on every bui
 backend; the tests here stay in one process, except the launcher's, which starts two tiny
 Python workers and no framework.
 
-The two trap backends model the mistakes issue 13 measured, each doubling the gradients on
-two workers; the kit must fail both while passing their good base class.
+The two trap backends here model the mistakes issue 13 measured on the numpy reference's
+simulated workers, each doubling the gradients on two workers; the kit must fail both while
+passing their good base class, in a second. The same mistakes written in the engines
+(``_data_parallel_trap_tensorflow``: MultiWorkerMirroredStrategy summing per-replica mean
+losses; ``_data_parallel_trap_jax``: a ``pmean`` on gradients ``shard_map`` already summed)
+are launched on two real workers by a ``slow`` test; MirroredStrategy's per-replica mean is
+caught in test_local_devices.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,6 +165,25 @@ def test_only_rank_zero_writes_checkpoints_logs_and_the_lock(tmp_path):
     assert not out.exists()  # no checkpoint, no log, no lock file
 
 
+@pytest.mark.slow  # two launches of two framework workers: 1-2 minutes on a busy 2-core CPU
+@pytest.mark.parametrize(
+    ("framework", "target"),
+    [
+        ("tensorflow", "_data_parallel_trap_tensorflow:TensorFlowPerReplicaMean"),
+        ("jax", "_data_parallel_trap_jax:JaxShardMapPmean"),
+    ],
+)
+def test_the_kit_fails_each_engine_trap_on_two_launched_workers(framework, target, monkeypatch):
+    pytest.importorskip(framework)
+    tests = str(Path(__file__).parent)  # the launched workers import the trap from here
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    )
+    [result] = check_backend(target, device="cpu", dtypes=["float32"], keyword="data_parallel")
+    assert result.status == "failed", result.reason
+    assert "2 workers vs 1 with the global batch" in result.reason
+
+
 @pytest.mark.parametrize("trap", [PerReplicaMeanLoss, ShardMapPmeanOnSum])
 def test_the_kit_fails_each_trap_and_passes_its_base(trap):
     target = f"{__name__}:{trap.__name__}"
@@ -184,44 +209,6 @@ def test_the_launcher_names_a_killed_worker_and_stops_the_others():
     assert done.returncode == 1
     assert "worker 1 of 2" in done.stderr and "SIGKILL" in done.stderr
     assert time.monotonic() - started < 30  # worker 0 was stopped, not waited for
-
-
-_LOCAL_DEVICES = """
-import numpy as np
-from unitrain import Trainer, TrainerConfig, models
-from unitrain.backends.jax import LocalDevices
-generator = np.random.default_rng(0)
-x = generator.normal(size=(64, 6)).astype("float32")
-y = (x[:, 0] > 0).astype("int64")
-def run(strategy):
-    trainer = Trainer(models.MLP((6, 16, 2), activation="tanh"), backend="jax",
-                      config=TrainerConfig(epochs=2, batch_size=16, device="cpu"),
-                      strategy=strategy)
-    trainer.fit((x, y), (x, y))
-    return trainer
-two, one = run(LocalDevices(2)), run(None)
-inputs, _ = two.backend._arrays((x[:16], y[:16]))
-assert len(inputs.sharding.device_set) == 2, inputs.sharding
-a, b = two.backend.state_dict(), one.backend.state_dict()
-error = np.sqrt(sum(np.sum((a[k] - b[k]) ** 2.0) for k in b) / sum(np.sum(b[k] ** 2.0) for k in b))
-assert error < 1e-6, error  # float32 sums of two half-batches: measured 2.3e-8
-assert [h["step"] for h in two.history] == [h["step"] for h in one.history]
-print("ok", error)
-"""
-
-
-def test_jax_local_devices_split_each_batch_and_match_one_device():
-    pytest.importorskip("jax")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", _LOCAL_DEVICES],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("ok")
 
 
 class _NoBatches:

@@ -18,6 +18,7 @@ from unitrain.backend import BackendOptions
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import optimizers
 from unitrain.backends.tensorflow.core import spec
+from unitrain.backends.tensorflow.distributed import mirrored_loss_and_grads
 from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.backends.tensorflow.precision import LossScale
 
@@ -45,6 +46,16 @@ class CompiledGraphs:
     _keras_losses: bool
     _functions: dict[tuple[Any, ...], Any]
     _polymorphic: dict[tuple[Any, ...], Any]
+    #: The MirroredStrategy every gradient is computed under (:meth:`spread_over`), or None.
+    _mirrored: Any = None
+
+    def spread_over(self, strategy: Any) -> None:
+        """Compute every gradient under ``strategy`` (a ``tf.distribute.MirroredStrategy``):
+        each replica takes its slice of the batch, and their gradients are summed before the
+        update (see :mod:`unitrain.backends.tensorflow.distributed`)."""
+        self._mirrored = strategy
+        self._functions.clear()  # traced without the replicas
+        self._polymorphic.clear()
 
     def _compute_input(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` in the compute dtype under mixed precision; token ids stay integers."""
@@ -52,7 +63,11 @@ class CompiledGraphs:
             return tf.cast(x, self._compute_dtype)
         return x
 
-    def _model_loss(self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any) -> Any:
+    def _model_loss(
+        self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any, global_size: Any = None
+    ) -> Any:
+        """Outputs and loss: the batch mean, or with ``global_size`` (a replica of a
+        MirroredStrategy) this slice's share of the global batch's mean, as TF prescribes."""
         x = self._compute_input(x)
         if isinstance(self.module, (tf_model.TFMLP, TFPortable)):
             out = self.module(x, training=training, key=key)
@@ -60,18 +75,34 @@ class CompiledGraphs:
         else:
             out = self.module(x, training=training)
         target = y if self.classification else tf.reshape(y, tf.shape(out))
-        loss = self.loss_fn(out, target)
+        if global_size is None:
+            loss = self.loss_fn(out, target)
+        else:  # replicas' gradients are summed: a per-replica mean would count N times
+            per_example = tf_model.per_example_loss(self.options.loss, out, target)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_size)
         if self._keras_losses and self.module.losses:
-            loss = loss + tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
+            penalty = tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
+            if global_size is not None:
+                penalty = tf.nn.scale_regularization_loss(penalty)  # once over the replicas
+            loss = loss + penalty
         return out, loss
 
     def _loss_and_grads(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
+        if self._mirrored is not None:
+            return mirrored_loss_and_grads(
+                self._mirrored, self._slice_loss_and_grads, x, y, micro_batch
+            )
+        return self._slice_loss_and_grads(x, y, micro_batch)
+
+    def _slice_loss_and_grads(
+        self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor, global_size: Any = None
+    ) -> Any:
         key = None
         if self._dropout:
             key = tf_model.dropout_key(self.options.seed, self.step_count.read_value(), micro_batch)
         params = list(self.params.values())
         with tf.GradientTape() as tape:
-            _, loss = self._model_loss(x, y, True, key)
+            _, loss = self._model_loss(x, y, True, key, global_size)
             scaled = self.loss_scale.scaled(loss)
         grads = tape.gradient(scaled, params)
         # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;

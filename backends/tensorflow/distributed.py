@@ -1,4 +1,5 @@
-"""Data-parallel TensorFlow: ``MultiWorkerMirroredStrategy`` across processes.
+"""Data-parallel TensorFlow: ``MultiWorkerMirroredStrategy`` across processes, and
+``MirroredStrategy`` over the local devices of one process (:class:`LocalDevices`).
 
 Every worker reads its place from ``TF_CONFIG`` (``unitrain._launch`` writes one per worker
 with local ports; across machines the user sets it, see the README) and creates the strategy
@@ -11,6 +12,15 @@ doubles the gradients on two workers (issue 13). Here each worker weights its sl
 loss by ``n_r / n``, which is that scaling, and before each update the worker's gradients
 are flattened into one vector and summed over the workers by the strategy (one collective
 per update). Host numbers are summed the same way in float64.
+
+:class:`LocalDevices` is the mirror of ``unitrain.backends.jax.LocalDevices``: one process,
+one worker to the Trainer, each batch split over N devices (logical CPUs, or GPUs). Inside
+every compiled step, :func:`mirrored_loss_and_grads` has the MirroredStrategy run one replica
+per device on its contiguous slice, with the loss
+``compute_average_loss(per_example, global_batch_size)``, and sums the replicas' gradients
+(``strategy.reduce(SUM)``); the update is then applied once. The variables stay where the
+backend made them, one copy that every replica reads: mirrored variables must be created
+under ``strategy.scope()``, which a Keras model handed to the Trainer already built was not.
 """
 
 from __future__ import annotations
@@ -23,12 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from unitrain._errors import ConfigError
 from unitrain.strategy import worker_shard
 
 __all__ = [
+    "LocalDevices",
     "TensorFlowDistributed",
     "join_launched_workers",
     "launch_command",
+    "mirrored_loss_and_grads",
     "worker_environment",
 ]
 
@@ -74,6 +87,7 @@ class TensorFlowDistributed:
 
     def __init__(self, strategy: Any, world_size: int, rank: int) -> None:
         self._strategy, self.world_size, self.rank = strategy, world_size, rank
+        self._compiled: dict[tuple[Any, ...], Any] = {}  # sum_gradients, by gradient specs
 
     @classmethod
     def from_environment(cls) -> TensorFlowDistributed | None:
@@ -102,7 +116,24 @@ class TensorFlowDistributed:
         return self._strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)
 
     def sum_gradients(self, grads: list[Any]) -> list[Any]:
-        """Every worker's gradients summed (bfloat16/float16 in float32, rounded back)."""
+        """Every worker's gradients summed (bfloat16/float16 in float32, rounded back).
+
+        One compiled call, traced once per gradient shapes: run eagerly, the flattening,
+        the collective and the split took about twice as long (W1 on two CPU workers).
+        """
+        import tensorflow as tf
+
+        key = tuple((tuple(g.shape), g.dtype) for g in grads)
+        function = self._compiled.get(key)
+        if function is None:
+            traced = tf.function(self._sum_gradients, autograph=False)
+            function = traced.get_concrete_function(
+                [tf.TensorSpec(g.shape, g.dtype) for g in grads]
+            )
+            self._compiled[key] = function
+        return list(function(grads))
+
+    def _sum_gradients(self, grads: list[Any]) -> list[Any]:
         import tensorflow as tf
 
         dtype = grads[0].dtype
@@ -120,3 +151,139 @@ class TensorFlowDistributed:
     def barrier(self) -> None:
         """Wait for every worker (an all-reduce every worker must join)."""
         self.all_sum([0.0])
+
+
+class LocalDevices:
+    """One process training on several local devices through ``tf.distribute.MirroredStrategy``.
+
+    The TensorFlow mirror of ``unitrain.backends.jax.LocalDevices``: to the Trainer it is one
+    worker; every batch is split over the devices and their gradients summed (see the module
+    doc), so the update is the global batch's. On the CPU the devices are logical CPUs, which
+    TensorFlow can only make before its runtime starts: create this before anything in the
+    process makes a TensorFlow tensor (before the Trainer). On a GPU backend, the first N GPUs.
+    A model with non-trainable variables (BatchNorm statistics, a Keras seed generator) is
+    refused: every replica would assign them at once.
+
+    Args:
+        devices: how many local devices to use (>= 1).
+
+    Raises:
+        ConfigError: TensorFlow started before the CPU could be split and has fewer logical
+            CPUs (and GPUs) than ``devices``.
+    """
+
+    world_size = 1
+    rank = 0
+    is_main = True
+
+    def __init__(self, devices: int) -> None:
+        import tensorflow as tf
+
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ConfigError(f"LocalDevices: devices must be an int >= 1, got {devices=}")
+        self.devices = devices
+        if _split_cpu(devices):
+            return
+        if max(_count("CPU"), len(tf.config.list_physical_devices("GPU"))) < devices:
+            raise ConfigError(_too_late(devices))
+
+    def setup(self, backend: Any) -> None:
+        """Have the backend compute its gradients under a MirroredStrategy of N devices."""
+        import tensorflow as tf
+
+        kind = backend.device.upper()
+        found = tf.config.list_logical_devices(kind)
+        if len(found) < self.devices:
+            raise ConfigError(
+                _too_late(self.devices)
+                if kind == "CPU"
+                else f"LocalDevices({self.devices}): TensorFlow sees {len(found)} GPU(s); "
+                f"use LocalDevices({len(found)}) or device='cpu' (logical CPUs)"
+            )
+        stateful = sorted(set(backend.variables) - set(backend.params))
+        if stateful:
+            raise ConfigError(
+                f"LocalDevices on TensorFlow needs a model whose variables are all trainable; "
+                f"{stateful[:3]} would be assigned by every replica at once. Train it on "
+                "workers (--workers N) or on one device"
+            )
+        names = [device.name for device in found[: self.devices]]
+        backend.spread_over(tf.distribute.MirroredStrategy(names))
+
+    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
+        """The whole batch: the backend splits it over its devices."""
+        return [(batch, 1.0)]
+
+    def all_sum(self, values: Sequence[float]) -> list[float]:
+        """The values themselves (one process)."""
+        return [float(v) for v in values]
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+
+def _split_cpu(devices: int) -> bool:
+    """Split the CPU into ``devices`` logical devices; False once TensorFlow has started."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or ()) >= devices:
+        return True
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(devices)]
+        )
+    except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
+        return False
+    return True
+
+
+def _count(kind: str) -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_logical_devices(kind))
+
+
+def _too_late(devices: int) -> str:
+    return (
+        f"LocalDevices({devices}): TensorFlow has {_count('CPU')} logical CPU(s) and its "
+        "runtime started before the CPU could be split; create LocalDevices before anything "
+        "in this process makes a TensorFlow tensor (before the Trainer and any backend), or "
+        "run in a fresh process"
+    )
+
+
+def mirrored_loss_and_grads(
+    strategy: Any, loss_and_grads: Any, x: Any, y: Any, micro_batch: Any
+) -> tuple[Any, list[Any]]:
+    """The global batch's loss and gradients, computed by ``strategy``'s replicas (in a graph).
+
+    Replica ``r`` takes rows ``shard_bounds(n, N, r)`` of the batch and calls
+    ``loss_and_grads(x_r, y_r, micro_batch * N + r, n)``, whose loss is
+    ``compute_average_loss(per_example, n)``; the replicas' losses and gradients are summed.
+    The micro-batch index (which keys dropout) is distinct per replica, so no two replicas
+    draw the same masks, as N simulated workers' slices do not.
+    """
+    import tensorflow as tf
+
+    def replica(x: Any, y: Any, micro_batch: Any) -> Any:
+        context = tf.distribute.get_replica_context()
+        replicas, rank = context.num_replicas_in_sync, context.replica_id_in_sync_group
+        size = tf.shape(x)[0]
+        start, stop = _bounds(size, replicas, rank)
+        own = micro_batch * replicas + tf.cast(rank, micro_batch.dtype)
+        return loss_and_grads(x[start:stop], y[start:stop], own, size)
+
+    loss, grads = strategy.run(replica, args=(x, y, micro_batch))
+    total = tf.distribute.ReduceOp.SUM
+    return strategy.reduce(total, loss, None), [strategy.reduce(total, g, None) for g in grads]
+
+
+def _bounds(size: Any, replicas: int, rank: Any) -> tuple[Any, Any]:
+    """:func:`unitrain.strategy.shard_bounds` in graph ops: the rows of replica ``rank``."""
+    import tensorflow as tf
+
+    rank = tf.cast(rank, size.dtype)
+    base, extra = size // replicas, size % replicas
+    start = rank * base + tf.minimum(rank, extra)
+    return start, start + base + tf.cast(rank < extra, size.dtype)

@@ -23,7 +23,7 @@ import tensorflow as tf  # absolute: the framework, not this package
 from unitrain import ConfigError
 from unitrain.models import MLP
 
-__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables"]
+__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables", "per_example_loss"]
 
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "relu": tf.nn.relu,
@@ -161,9 +161,32 @@ def loss_function(loss: Any) -> tuple[Callable[[Any, Any], tf.Tensor], bool]:
     raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
 
 
+def per_example_loss(loss: Any, outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+    """One loss per example (a vector over the batch), for ``tf.nn.compute_average_loss``.
+
+    A callable loss returns only its batch mean, so each example is given that mean: the
+    vector sums to the same total, which is all ``compute_average_loss`` uses.
+    """
+    if loss == "cross_entropy":
+        return _cross_entropies(outputs, targets)
+    if loss == "mse":
+        return _squared_errors(outputs, targets)
+    return tf.fill(tf.shape(outputs)[:1], loss(outputs, targets))
+
+
+def _cross_entropies(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
 def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    return tf.reduce_mean(losses)
+    return tf.reduce_mean(_cross_entropies(logits, labels))
+
+
+def _squared_errors(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+    diff = outputs - tf.reshape(tf.cast(targets, outputs.dtype), tf.shape(outputs))
+    squares = diff * diff
+    rank = squares.shape.rank
+    return squares if rank == 1 else tf.reduce_mean(squares, axis=list(range(1, rank)))
 
 
 def _mean_squared_error(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:

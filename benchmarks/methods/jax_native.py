@@ -36,7 +36,8 @@ def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:
 
     def loss_fn(p: Any, inputs: Any, targets: Any) -> Any:
         log_probs = jax.nn.log_softmax(apply(p, inputs))
-        return -jnp.mean(jnp.take_along_axis(log_probs, targets[:, None], axis=1))
+        # Sequence logits (N, L, V) are averaged over every token, as unitrain does.
+        return -jnp.mean(jnp.take_along_axis(log_probs, targets[..., None], axis=-1))
 
     def update(state: Any, inputs: Any, targets: Any) -> Any:
         p, opt_state, loss_sum = state

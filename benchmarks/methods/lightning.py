@@ -33,7 +33,7 @@ class _Module(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
         inputs, targets = batch
-        loss = F.cross_entropy(self.net(inputs), targets)
+        loss = F.cross_entropy(self.net(inputs).flatten(0, -2), targets.flatten())
         self.epoch_loss += loss.detach()
         return loss
 

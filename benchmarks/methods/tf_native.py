@@ -72,9 +72,10 @@ def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:
             p.assign_sub(LEARNING_RATE * buffer)
         loss_sum.assign_add(loss)
 
-    example = tf.TensorSpec([None, *workload.input_shape], tf.float32)
+    example = tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype))
+    labels = tf.TensorSpec([None, *y.shape[1:]], tf.int64)
 
-    @tf.function(input_signature=[example, tf.TensorSpec([None], tf.int64)])
+    @tf.function(input_signature=[example, labels])
     def host_step(inputs: tf.Tensor, targets: tf.Tensor) -> None:
         update(inputs, targets)
 

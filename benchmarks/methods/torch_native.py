@@ -22,7 +22,7 @@ __all__ = ["torch_inputs", "train"]
 def torch_inputs(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
     """The workload's data laid out for torch (images channels-first, made once)."""
     x, y = make_data(workload)
-    if workload.kind == "cnn":
+    if workload.kind in ("cnn", "lenet"):
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     return x, y
 
@@ -40,7 +40,8 @@ def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:
             chosen = order[i * size : (i + 1) * size]
             inputs, targets = torch.from_numpy(x[chosen]), torch.from_numpy(y[chosen])
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(inputs), targets)
+            # Sequence logits (N, L, V) are averaged over every token, as unitrain does.
+            loss = F.cross_entropy(model(inputs).flatten(0, -2), targets.flatten())
             loss.backward()
             optimizer.step()
             running += loss.detach()

@@ -7,8 +7,10 @@ Variants:
   (host batches, shuffled per epoch) — the same feeding as the ``host`` native loops;
 - ``multistep``: ``TrainerConfig(steps_per_call=STEPS_PER_CALL, data_on_device=True)``.
 
-MLPs are :class:`unitrain.models.MLP`; the CNN is the backend's native model (a torch
-``nn.Module``, a Keras model on TensorFlow, a :class:`unitrain.backends.jax.JaxModel`).
+MLPs are :class:`unitrain.models.MLP`, LeNet and the Transformer are portable
+:mod:`unitrain.models` descriptions (``benchmarks/paper_models.py``); the CNN is the
+backend's native model (a torch ``nn.Module``, a Keras model on TensorFlow, a
+:class:`unitrain.backends.jax.JaxModel`).
 """
 
 from __future__ import annotations
@@ -56,10 +58,13 @@ def build_trainer(
     workload: Workload, backend: str, variant: str, epochs: int, callbacks: list[Any]
 ) -> Any:
     """The Trainer of this benchmark."""
+    from benchmarks import paper_models
     from unitrain import Trainer, TrainerConfig, models, optim, schedules
 
     if workload.kind == "mlp":
         model: Any = models.MLP(workload.sizes)
+    elif workload.kind in paper_models.KINDS:
+        model = paper_models.portable_model(workload)
     else:
         model = native_model(workload, backend)
     options: dict[str, Any] = {}

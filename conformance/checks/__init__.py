@@ -13,6 +13,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     early_stopping,
     eval_mode,
     fused,
+    handoff,
     layers,
     mixed_precision,
     model_state,

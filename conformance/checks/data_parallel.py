@@ -17,6 +17,11 @@ Against one worker with the global batch:
 A loss that is each replica's mean under an engine that sums replicas (TF's trap), or a
 second average on top of the engine's (JAX ``shard_map``'s), doubles or halves every
 gradient: both fail the first comparison by orders of magnitude.
+
+One process over several local devices (``LocalDevices`` of JAX and TensorFlow) is not
+driven here: the protocol has no way to ask a backend for such a strategy, which is one
+worker to the Trainer, and its devices must exist before the framework starts, so it needs a
+fresh process set up by the engine's own means (tests/test_local_devices.py does that).
 """
 
 from __future__ import annotations

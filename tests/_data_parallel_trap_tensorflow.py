@@ -1,0 +1,32 @@
+"""TensorFlow's data-parallel trap of issue 13, as real engine code the kit's workers launch.
+
+:class:`TensorFlowPerReplicaMean` is the built-in backend with one mistake: under
+``MultiWorkerMirroredStrategy``, which sums the workers' gradients, each worker's loss is its
+own slice's mean instead of ``compute_average_loss(per_example, global_batch_size)``, so the
+gradients double on two workers. The kit must fail it (test_data_parallel launches it with
+this folder on ``PYTHONPATH``). A module of its own: a worker imports TensorFlow only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unitrain.backends.tensorflow import TensorFlowBackend
+from unitrain.backends.tensorflow.distributed import TensorFlowDistributed
+
+
+def _own_means(shards: list[tuple[Any, float]]) -> list[tuple[Any, float]]:
+    """Every slice's loss at weight 1: the slice's own mean, not its share of the batch's."""
+    return [(part, 1.0) for part, _ in shards]
+
+
+class _PerWorkerMean(TensorFlowDistributed):
+    def shards(self, batch: Any) -> list[tuple[Any, float]]:
+        return _own_means(super().shards(batch))
+
+
+class TensorFlowPerReplicaMean(TensorFlowBackend):
+    """MultiWorkerMirroredStrategy summing per-replica mean losses' gradients."""
+
+    def launched_strategy(self) -> Any:
+        return _PerWorkerMean.from_environment()

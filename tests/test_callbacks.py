@@ -14,6 +14,7 @@ import io
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,14 @@ def test_early_stopping_min_delta_boundary_is_strict():
     assert stopped == 1
 
 
+@pytest.mark.parametrize(("mode", "values"), [("min", [1.0, 1.0, 0.0]), ("max", [1.0, 1.0, 2.0])])
+def test_early_stopping_an_equal_value_is_no_improvement(mode, values):
+    callback = EarlyStopping(monitor="score", mode=mode, patience=1)
+    _, stopped = drive(callback, values)
+    assert stopped == 1
+    assert callback.best_epoch == 0
+
+
 def test_early_stopping_baseline_not_beaten_stops_after_patience_while_improving():
     callback = EarlyStopping(monitor="val_loss", patience=2, baseline=0.5)
     _, stopped = drive(callback, [1.0, 0.9, 0.8, 0.7, 0.6], key="val_loss")
@@ -375,6 +384,14 @@ def test_restore_best_weights_keeps_the_first_monitored_epoch_when_nothing_impro
     weights = trainer.backend.weights
     np.testing.assert_array_equal(weights["model.layers.0.bias"], np.full(2, start_from_epoch))
     np.testing.assert_array_equal(weights["optimizer.step"], 4)
+
+
+def test_restore_best_weights_with_no_monitored_epoch_keeps_the_last_weights():
+    # Every epoch is before start_from_epoch: no snapshot was taken, so nothing is restored.
+    callback = EarlyStopping(monitor="val_loss", restore_best_weights=True, start_from_epoch=5)
+    trainer, stopped = drive(callback, [1.0, 0.5, 0.7], key="val_loss")
+    assert stopped is None and callback.best_weights is None
+    np.testing.assert_array_equal(trainer.backend.weights["model.layers.0.bias"], [2, 2])
 
 
 def test_without_restore_best_weights_the_last_weights_stay():
@@ -598,6 +615,24 @@ def test_reduce_lr_on_plateau_matches_keras3_rules(
     assert min(got) >= min_lr * (1 - 1e-12)
 
 
+def test_reduce_lr_on_plateau_at_min_lr_keeps_waiting_without_cooling_down():
+    """At ``min_lr`` a plateau cannot lower the LR, and (as in Keras) it neither resets
+    ``wait`` nor starts a cooldown: when the schedule raises the LR again, a plateau that
+    has lasted long enough reduces it at once."""
+    callback = ReduceLROnPlateau(
+        monitor="score", mode="min", factor=0.5, patience=2, cooldown=3, min_lr=0.1
+    )
+    trainer = FakeTrainer(base_lr=0.1)
+    callback.on_train_begin(trainer)
+    for epoch in range(4):
+        callback.on_epoch_end(trainer, epoch, {"score": 1.0})
+    assert trainer.lr == 0.1
+    assert (callback.wait, callback.cooldown_counter) == (3, 0)  # epoch 0 was the best
+    trainer.base_lr = 0.4  # the schedule's LR rises
+    callback.on_epoch_end(trainer, 4, {"score": 1.0})
+    assert trainer.lr == pytest.approx(0.2, rel=1e-12)
+
+
 def test_reduce_lr_on_plateau_state_round_trip():
     values = [1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5]
     rules = dict(monitor="score", mode="min", factor=0.5, patience=1, cooldown=2, min_delta=0.0)
@@ -692,6 +727,15 @@ def test_early_stopping_says_why_training_stopped():
     assert stopped == 1
     assert trainer.stop_reason == (
         "early stopping: score did not improve for 1 epochs (best 1 at epoch 1)"
+    )
+
+
+def test_early_stopping_says_when_no_epoch_was_the_best():
+    stopper = EarlyStopping(monitor="score", mode="min", patience=1)
+    trainer, stopped = drive(stopper, [math.nan, math.nan])
+    assert stopped == 1
+    assert trainer.stop_reason == (
+        "early stopping: score did not improve for 2 epochs (best inf at none)"
     )
 
 
@@ -1042,10 +1086,10 @@ class Recorder(Callback):
         self.calls.append(("on_batch_end", batch, logs["step"]))
 
     def on_validation_begin(self, trainer):
-        self.calls.append(("on_validation_begin",))
+        self.calls.append(("on_validation_begin", trainer.state.step))
 
     def on_validation_end(self, trainer, logs):
-        self.calls.append(("on_validation_end", sorted(logs)))
+        self.calls.append(("on_validation_end", sorted(logs), trainer.state.step))
 
 
 def test_hook_order_of_a_run_with_validation_and_accumulation():
@@ -1064,12 +1108,61 @@ def test_hook_order_of_a_run_with_validation_and_accumulation():
             ("on_batch_end", 2, step + 1),
             ("on_batch_begin", 2, step + 1),
             ("on_batch_end", 3, step + 2),
-            ("on_validation_begin",),
-            ("on_validation_end", val),
+            ("on_validation_begin", step + 2),
+            ("on_validation_end", val, step + 2),
             ("on_epoch_end", epoch, step + 2, True),
         ]
     expected.append(("on_train_end",))
     assert recorder.calls == expected
+
+
+class _StopAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_batch_end(self, trainer, batch, logs):
+        if trainer.state.step == self.step:
+            trainer.stop("stopped by the test")
+
+
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_a_stop_in_mid_epoch_still_ends_the_epoch(grad_accum_steps):
+    """Stopping inside an epoch skips its remaining batches, not its end: the epoch is
+    validated, logged in the history and passed to on_epoch_end, on either update path."""
+    recorder = Recorder()
+    trainer = make_trainer(
+        [_StopAtStep(3), recorder], epochs=3, batch_size=2, grad_accum_steps=grad_accum_steps
+    )
+    history = trainer.fit(tiny_data(n=16), tiny_data(n=4, seed=1))
+    assert [(row["epoch"], row["step"], "val_loss" in row) for row in history] == [(1, 3, True)]
+    assert recorder.calls[-2:] == [("on_epoch_end", 0, 3, True), ("on_train_end",)]
+    assert trainer.state.epoch == 1
+
+
+class _LossSteps(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_batch_end(self, trainer, batch, logs):
+        if "loss" in logs:
+            self.steps.append(logs["step"])
+
+
+def test_batch_logs_carry_the_loss_every_log_every_n_steps():
+    """The running loss is read back (a host sync) only at logging points."""
+    seen = _LossSteps()
+    make_trainer([seen], epochs=2, batch_size=2, log_every_n_steps=3).fit(tiny_data(n=10))
+    assert seen.steps == [3, 6, 9]
+
+
+def test_validation_runs_every_n_epochs_and_after_the_last():
+    trainer = make_trainer([], epochs=4, val_every_n_epochs=3)
+    started = time.perf_counter()
+    history = trainer.fit(tiny_data(), tiny_data(n=4, seed=1))
+    elapsed = time.perf_counter() - started
+    assert [row["epoch"] for row in history if "val_loss" in row] == [3, 4]
+    assert sum(row["seconds"] for row in history) <= elapsed
+    assert all(row["seconds"] > 0 for row in history)
 
 
 def test_checkpointing_callbacks_run_last_in_each_hook():

@@ -136,6 +136,34 @@ def test_drop_last_with_fewer_examples_than_a_batch_is_refused():
         ArrayLoader(*arrays(3), batch_size=4, drop_last=True)
 
 
+def test_drop_last_keeps_a_single_full_batch():
+    loader = ArrayLoader(*arrays(4), batch_size=4, shuffle=False, drop_last=True)
+    assert targets_of(loader.batches(0)) == [[0, 1, 2, 3]]
+
+
+def test_batch_size_one_gives_one_example_per_batch():
+    loader = ArrayLoader(*arrays(3), batch_size=1, shuffle=False)
+    assert targets_of(loader.batches(0)) == [[0], [1], [2]]
+
+
+def test_the_defaults_are_batches_of_32_in_the_order_of_seed_0():
+    """Unset, the batch size is Keras's ``fit`` default and the seed is 0: a run that sets
+    neither has a fixed order, which its checkpoints rely on when it resumes."""
+    x, y = arrays(70)
+    loader = ArrayLoader(x, y)
+    assert [len(batch) for _, batch in loader.batches(0)] == [32, 32, 6]
+    for epoch in (0, 1):
+        seeded = ArrayLoader(x, y, batch_size=70, seed=0).order(epoch)
+        np.testing.assert_array_equal(loader.order(epoch), seeded)
+
+
+def test_an_unnamed_loader_calls_its_arrays_data_in_errors():
+    x, y = arrays(4)
+    x[1, 1] = np.inf
+    with pytest.raises(DataError, match=r"^data inputs contain 1 NaN or infinite"):
+        ArrayLoader(x, y, batch_size=2)
+
+
 def test_seeking_past_the_end_yields_nothing():
     loader = ArrayLoader(*arrays(10), batch_size=4)
     assert list(loader.batches(0, start=3)) == []

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unitrain import DataError, Trainer, TrainerConfig, callbacks
+from unitrain import ArrayLoader, DataError, Trainer, TrainerConfig, callbacks
 from unitrain._errors import ConfigError
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.conformance import check_backend
@@ -111,6 +111,15 @@ def test_simulated_workers_equal_one_worker_with_the_global_batch_in_float64(acc
     for mine, theirs in zip(two.history, one.history):
         assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-13)
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-13)
+
+
+def test_steps_per_call_without_a_multi_step_call_runs_one_update_per_call_on_workers():
+    """Batches are never stacked for a call the run does not make: with several workers and
+    steps_per_call=2 on a backend without a multi-step call, the run equals the plain one."""
+    plain = _fit(WORKERS)
+    with pytest.warns(UserWarning, match="no multi-step call"):
+        multi = _fit(WORKERS, steps_per_call=2)
+    assert _max_difference(plain, multi) == 0.0
 
 
 def test_a_batch_smaller_than_the_workers_is_refused_before_training():
@@ -200,3 +209,34 @@ def test_the_launcher_names_a_killed_worker_and_stops_the_others():
     assert done.returncode == 1
     assert "worker 1 of 2" in done.stderr and "SIGKILL" in done.stderr
     assert time.monotonic() - started < 30  # worker 0 was stopped, not waited for
+
+
+class _NoBatches:
+    """A re-iterable that yields nothing."""
+
+    def __iter__(self):
+        return iter(())
+
+
+@pytest.mark.parametrize("metrics", [(), ("perplexity",)])
+def test_several_workers_evaluate_like_one(metrics):
+    """With the loss alone each worker evaluates its slices and the sums are added up; with
+    metrics beyond it every worker evaluates every example. Either way the results are one
+    worker's, metrics included, and an empty source is named in the error."""
+    loader = ArrayLoader(*_data(20, seed=1), batch_size=8, seed=3)  # read in epoch 0's order
+    results = []
+    for strategy in (None, SimulatedWorkers(WORKERS)):
+        trainer = Trainer(
+            MLP((5, 7, 2)),
+            backend="numpy",
+            metrics=metrics,
+            config=TrainerConfig(batch_size=8, dtype="float64", seed=1),
+            strategy=strategy,
+        )
+        results.append(trainer.validate(loader))
+        with pytest.raises(DataError, match=r"^val_data yielded no batches"):
+            trainer.validate(_NoBatches())
+    one, two = results
+    assert {"val_loss", *(f"val_{name}" for name in metrics)} <= set(one) == set(two)
+    for key in one:
+        assert two[key] == pytest.approx(one[key], rel=1e-13)  # summation order only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -436,6 +437,65 @@ def test_evaluation_errors_name_the_data_they_are_about(method, label):
         evaluate(_NoBatches())
 
 
+def test_evaluating_a_shuffled_loader_reads_its_first_epoch():
+    """A loader passed as it is keeps its shuffle; evaluation reads its epoch-0 order and
+    returns the example-weighted mean of the backend's batch losses, in that order."""
+    x, y = small_data(n=30)
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", config=TrainerConfig(dtype="float64"))
+    loader = ArrayLoader(x, y, 8, seed=3)
+    total = sum(trainer.backend.evaluate(b)["loss"] * len(b[0]) for b in loader.batches(0))
+    assert trainer.validate(loader)["val_loss"] == total / 30
+    assert trainer.test(loader)["test_loss"] == total / 30
+
+
+class _RunsDry:
+    """A loader whose batch is there when the Trainer checks it, and gone when it is read."""
+
+    def __init__(self, batch):
+        self.batch, self.passes = batch, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([self.batch] if self.passes == 1 else [])
+
+
+@pytest.mark.parametrize("method, label", [("validate", "val_data"), ("test", "test_data")])
+def test_a_loader_that_runs_dry_after_its_check_is_named_in_the_error(method, label):
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy")
+    with pytest.raises(DataError, match=f"^{label} yielded no batches"):
+        getattr(trainer, method)(_RunsDry(small_data(n=4)))
+
+
+class _PredictOnlyNumpy:
+    """The reference without ``outputs``: metrics go through ``predict`` on the host, as with
+    a third-party backend that offers only the required methods and ``predict``."""
+
+    def __init__(self, model, options):
+        self._inner = NumpyBackend(model, options)
+
+    def __getattr__(self, name):
+        if name in ("outputs", "array_ops"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_metrics_through_predict_equal_metrics_on_the_device():
+    x, y = small_data(n=30)
+    results = []
+    for backend in (NumpyBackend, _PredictOnlyNumpy):
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            metrics=["top2_accuracy", "perplexity"],
+            config=TrainerConfig(batch_size=8, dtype="float64"),
+        )
+        results.append(trainer.validate((x, y)))
+    device, host = results
+    assert {"val_top2_accuracy", "val_perplexity"} <= set(device) == set(host)
+    for key in device:
+        assert host[key] == pytest.approx(device[key], rel=1e-12), key
+
+
 class _MultiStepNumpy(NumpyBackend):
     """The reference with the optional fast paths, each defined as the plain calls."""
 
@@ -470,6 +530,50 @@ def test_steps_per_call_leftovers_train_one_fused_update_each():
     # Batch hooks fire once per call, after its last update: updates 2, 4, then 5 alone.
     assert len(plain_lrs) == 5 and multi_lrs == [plain_lrs[1], plain_lrs[3], plain_lrs[4]]
     assert multi_loss == pytest.approx(plain_loss, rel=1e-12)
+    for key in plain:
+        np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
+
+
+class _CallRecorder(callbacks.Callback):
+    """Records what the batch hooks are given: (trainer, batch index) and the logged LR."""
+
+    def __init__(self) -> None:
+        self.begins: list[tuple[object, int]] = []
+        self.lrs: list[float] = []
+
+    def on_batch_begin(self, trainer, batch):
+        self.begins.append((trainer, batch))
+
+    def on_batch_end(self, trainer, batch, logs):
+        self.lrs.append(logs["lr"])
+
+
+def test_multi_step_calls_train_a_chunk_of_mixed_sizes_one_batch_at_a_time():
+    """A native loader whose batch sizes vary mid-epoch: a chunk of steps_per_call batches
+    that cannot be stacked goes one update per batch, and the chunks after it are stacked
+    again. Every batch trains once, at its own LR; a call's hooks see the batch index where
+    it starts and the LR of its last update. The run equals the plain one."""
+    x, y = small_data(n=44)
+    edges = np.cumsum([0, 8, 4, 8, 8, 8, 8])  # a mixed chunk, then a full one of 8s
+    batches = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(edges)]
+    runs = []
+    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 3)):
+        recorder = _CallRecorder()
+        trainer = Trainer(
+            models.MLP((4, 8, 3)),
+            backend=backend,
+            schedule=schedules.LinearDecay(0.1, 0.01, 6),
+            callbacks=[recorder],
+            config=TrainerConfig(epochs=1, steps_per_call=steps, dtype="float64"),
+        )
+        trainer.fit(batches)
+        assert trainer.state.step == 6
+        assert all(seen is trainer for seen, _ in recorder.begins)
+        runs.append((trainer.backend.state_dict(), recorder))
+    (plain, plain_calls), (multi, multi_calls) = runs
+    assert [batch for _, batch in plain_calls.begins] == [0, 1, 2, 3, 4, 5]
+    assert [batch for _, batch in multi_calls.begins] == [0, 1, 2, 3]
+    assert multi_calls.lrs == [plain_calls.lrs[i] for i in (0, 1, 2, 5)]
     for key in plain:
         np.testing.assert_allclose(multi[key], plain[key], rtol=1e-12, atol=1e-15)
 

@@ -459,9 +459,10 @@ class _RunsDry:
         return iter([self.batch] if self.passes == 1 else [])
 
 
+@pytest.mark.parametrize("workers", [1, 2])  # one pass, or each worker's share summed
 @pytest.mark.parametrize("method, label", [("validate", "val_data"), ("test", "test_data")])
-def test_a_loader_that_runs_dry_after_its_check_is_named_in_the_error(method, label):
-    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy")
+def test_a_loader_that_runs_dry_after_its_check_is_named_in_the_error(method, label, workers):
+    trainer = Trainer(models.MLP((4, 8, 3)), backend="numpy", strategy=workers)
     with pytest.raises(DataError, match=f"^{label} yielded no batches"):
         getattr(trainer, method)(_RunsDry(small_data(n=4)))
 

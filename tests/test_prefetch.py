@@ -50,3 +50,28 @@ def test_builtin_backends_return_cpu_batches_unchanged(name):
     assert isinstance(backend, Prefetch)
     batches = [(np.zeros((2, 4), np.float32), np.zeros(2, np.int64))]
     assert backend.prefetch(batches) is batches
+
+
+@pytest.mark.parametrize("name", ["jax", "tensorflow"])
+def test_staging_ahead_keeps_token_ids_integer_and_the_step_takes_them(name, monkeypatch):
+    """The accelerator staging, with the arguments the backend gives it (run here on the CPU
+    device), hands a token model its ids as ids: cast to float, they broke the embedding."""
+    pytest.importorskip(name)
+    import importlib
+
+    staging = importlib.import_module(f"unitrain.backends.{name}.prefetch")
+    adapter = importlib.import_module(f"unitrain.backends.{name}.backend")
+    monkeypatch.setattr(
+        adapter, "prefetch", lambda batches, *args: staging._ahead(iter(batches), *args)
+    )
+    spec = models.Sequential((models.Embedding(7, 4), models.Linear(4, 7)))  # ids -> logits
+    backend = get_backend(name)(spec, BackendOptions(device="cpu"))
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 7, (3, 5)), rng.integers(0, 7, (3, 5))) for _ in range(2)]
+    staged = list(backend.prefetch(batches))
+    assert len(staged) == len(batches)
+    for (x, y), (host_x, host_y) in zip(staged, batches):
+        assert np.asarray(x).dtype.kind == "i" and np.array_equal(np.asarray(x), host_x)
+        assert np.array_equal(np.asarray(y), host_y)
+        staged_loss = float(backend.evaluate((x, y))["loss"])
+        assert staged_loss == pytest.approx(float(backend.evaluate((host_x, host_y))["loss"]))

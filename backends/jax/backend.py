@@ -192,7 +192,7 @@ class JaxBackend:
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On an accelerator, each batch ``device_put`` while the previous one trains (see
         :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
-        return prefetch(batches, self.jax_device, self.classification)
+        return prefetch(batches, self.jax_device, self._tokens, self.classification)
 
     def _arrays(self, batch: Batch) -> tuple[Any, Any]:
         """The batch as jit arguments (see :func:`.core.host_batch`), split over the local

@@ -186,7 +186,8 @@ class TensorFlowBackend(CompiledGraphs):
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On a GPU, each batch copied while the previous one trains (see
         :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
-        return prefetch(batches, self.device_name, self.dtype, self.classification)
+        inputs = tf.int64 if self._tokens else self.dtype  # token ids stay ids
+        return prefetch(batches, self.device_name, inputs, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = batch

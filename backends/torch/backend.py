@@ -140,7 +140,8 @@ class TorchBackend:
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On CUDA, each batch pinned and copied on a side stream while the previous one
         trains (see :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
-        return prefetch(batches, self.torch_device, self.dtype, self.classification)
+        inputs = torch.int64 if self._tokens else self.dtype  # token ids stay ids
+        return prefetch(batches, self.torch_device, inputs, self.classification)
 
     def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch

@@ -31,7 +31,7 @@ def prefetch(
     Args:
         batches: ``(inputs, targets)`` pairs of numpy arrays or tensors.
         device: where the model runs.
-        dtype: the inputs' dtype on the device (the parameters' dtype).
+        dtype: the inputs' dtype on the device (the parameters' dtype; int64 for token ids).
         classification: whether targets are class indices (sent as int64).
     """
     if device.type != "cuda":

@@ -752,6 +752,16 @@ def test_model_checkpoint_keep_last_prunes_the_oldest(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == _names(tmp_path)
 
 
+def test_a_resumed_run_that_saves_nothing_more_still_keeps_only_the_last(tmp_path):
+    """A kill between a save and its pruning leaves one checkpoint too many; the resumed run
+    (here already at its last epoch, so it saves nothing) prunes it when it begins."""
+    make_trainer([ModelCheckpoint(tmp_path)], epochs=3).fit(tiny_data())  # keeps all three
+    resumed = make_trainer([ModelCheckpoint(tmp_path, keep_last=2)], epochs=3)
+    with pytest.warns(UserWarning, match="already finished"):
+        resumed.fit(tiny_data(), resume=list_checkpoints(tmp_path)[-1])
+    assert _names(tmp_path) == ["epoch=0002-step=000008", "epoch=0003-step=000012"]
+
+
 def test_model_checkpoint_best_follows_the_monitor(tmp_path):
     scores = [0.2, 0.5, 0.4, 0.9, 0.1]
     seen: list[int] = []

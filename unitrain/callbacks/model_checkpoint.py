@@ -110,8 +110,12 @@ class ModelCheckpoint(Callback):
         return self.dirpath
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self._directory(trainer)
+        directory = self._directory(trainer)
         self._last_step = trainer.state.step
+        if trainer.strategy.is_main and directory.is_dir():
+            # A run killed between a save and its pruning left one too many; a resumed run
+            # that saves nothing more would keep it.
+            self._prune(directory)
         if self.monitor is not None:
             self.monitor.check_trainer(trainer)
             self.best = self.monitor.worst
@@ -138,15 +142,18 @@ class ModelCheckpoint(Callback):
         directory = self._directory(trainer)
         name = checkpoint_name(trainer.epoch_number, trainer.state.step)
 
-        def prune() -> None:  # once the new checkpoint is in place
-            if self.keep_last is not None:
-                periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
-                for old in periodic[: -self.keep_last]:
-                    remove_checkpoint(old)
-
         self.last_saved = trainer.save_checkpoint(
-            directory / name, background=self.background, then=prune
+            directory / name,
+            background=self.background,
+            then=lambda: self._prune(directory),  # once the new checkpoint is in place
         )
+
+    def _prune(self, directory: Path) -> None:
+        """Remove the periodic checkpoints beyond the newest ``keep_last``."""
+        if self.keep_last is not None:
+            periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
+            for old in periodic[: -self.keep_last]:
+                remove_checkpoint(old)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best}

@@ -52,9 +52,10 @@ class StepTimers:
             return
         if backend.name == "torch":  # DDP all-reduces during backward, through a comm hook
             self._reduced_in = "backward"
-            backend.distribute(self._timed_ddp)
+            backend.distribute(self._timed_ddp, strategy.world_size, strategy.rank)
         else:  # JAX and TensorFlow sum the gradients in step, through this hook
-            backend.distribute(self.timed("all-reduce", strategy.sum_gradients))
+            timed = self.timed("all-reduce", strategy.sum_gradients)
+            backend.distribute(timed, strategy.world_size, strategy.rank)
 
     def _timed_ddp(self, module: Any) -> Any:
         import torch

@@ -2,8 +2,10 @@
 
 :func:`experiment` trains a small classifier for :data:`EPOCHS` epochs with a checkpoint
 every epoch and a JSON-lines log (run ``a``), then resumes a fresh Trainer from run ``a``'s
-checkpoint after epoch 1 into another directory (run ``b``). Rank 0 saves both runs' final
-state and history. Run as a program (``python -m unitrain.conformance._workers TARGET
+checkpoint after epoch 1 into another directory (run ``b``), then trains the same recipe with
+dropout :data:`DROPOUT` (run ``c``): each worker's masks then shape the weights, which must be
+the simulated workers' (see :func:`unitrain.strategy.dropout_index`). Rank 0 saves the runs'
+final state and history. Run as a program (``python -m unitrain.conformance._workers TARGET
 DTYPE[,DTYPE...] OUT``, one ``OUT/DTYPE`` each) under a backend's launcher, every worker
 executes it and the Trainer takes its place from the launcher's environment; in process,
 ``strategy`` says how many workers to simulate.
@@ -26,7 +28,7 @@ from unitrain.config import TrainerConfig
 from unitrain.models import MLP
 from unitrain.trainer import Trainer
 
-__all__ = ["EPOCHS", "RESUME_EPOCH", "data", "experiment", "read_result", "train"]
+__all__ = ["DROPOUT", "EPOCHS", "RESUME_EPOCH", "data", "experiment", "read_result", "train"]
 
 #: Early stopping (patience 1, min_delta 0.05) ends the run after 3 of these epochs, so the
 #: kit sees a stopping decision taken before the last epoch.
@@ -34,6 +36,8 @@ EPOCHS = 5
 #: Run ``b`` resumes from the checkpoint written after this many epochs.
 RESUME_EPOCH = 1
 BATCH = 15
+#: The dropout rate of run ``c``.
+DROPOUT = 0.3
 
 
 def data(dtype: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -50,7 +54,12 @@ def data(dtype: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, n
 
 
 def train(
-    backend: Any, dtype: str, directory: Path, strategy: Any, resume: Path | None = None
+    backend: Any,
+    dtype: str,
+    directory: Path,
+    strategy: Any,
+    resume: Path | None = None,
+    dropout: float = 0.0,
 ) -> Trainer:
     """One run of the experiment's recipe, checkpointing every epoch into ``directory``."""
     (x, y), val = data(dtype)
@@ -70,7 +79,7 @@ def train(
         callbacks.EarlyStopping("val_loss", patience=1, min_delta=0.05),
     ]
     trainer = Trainer(
-        MLP((6, 16, 3), activation="tanh"),
+        MLP((6, 16, 3), activation="tanh", dropout=dropout),
         backend=backend,
         optimizer=optim.SGD(momentum=0.9),
         schedule=schedules.Warmup(schedules.CosineDecay(0.2, 12, 1e-3), warmup_steps=3),
@@ -97,11 +106,13 @@ def _save(trainer: Trainer, directory: Path) -> None:
 
 
 def experiment(backend: Any, dtype: str, out: Path, strategy: Any = None) -> None:
-    """Run ``a`` (uninterrupted) and ``b`` (resumed after epoch 1) under ``out``."""
+    """Run ``a`` (uninterrupted), ``b`` (resumed after epoch 1) and ``c`` (with dropout)
+    under ``out``."""
     first = train(backend, dtype, out / "a", strategy)
     _save(first, out / "a")
     checkpoint = resume_point(out / "a")
     _save(train(backend, dtype, out / "b", strategy, resume=checkpoint), out / "b")
+    _save(train(backend, dtype, out / "c", strategy, dropout=DROPOUT), out / "c")
 
 
 def resume_point(directory: Path) -> Path:

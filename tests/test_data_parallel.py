@@ -36,6 +36,7 @@ from unitrain.optim import SGD
 from unitrain.strategy import SimulatedWorkers, SingleProcess, shard_bounds
 
 WORKERS = 2
+_GLOBAL_BATCH = "workers_match_global_batch"
 
 
 class _PerReplicaMean(SimulatedWorkers):
@@ -65,6 +66,34 @@ class ShardMapPmeanOnSum(NumpyBackend):
         copies = [dict(self.grads) for _ in range(WORKERS)]  # replicated: every device's copy
         self.grads = {k: sum(c[k] for c in copies) / WORKERS for k in self.grads}  # pmean
         super().step(lr)
+
+
+class _Launched(SimulatedWorkers):
+    """Two workers' slices in this process, standing for two launched workers: it tells the
+    backend so, as a launched engine's strategy does through ``distribute``."""
+
+    def setup(self, backend: Any) -> None:
+        backend.launched = True
+
+
+class SameMasksOnEveryWorker(NumpyBackend):
+    """Dropout keyed by each worker's own count of its forwards, from 0 on every worker, as
+    each launched worker would count without ``strategy.dropout_index``: every worker draws
+    worker 0's masks. Run as the oracle (simulated, not launched) it keys correctly."""
+
+    launched = False
+
+    def launched_strategy(self) -> Any:
+        return _Launched(WORKERS)
+
+    def forward(self, batch: Any) -> Any:
+        if not self.launched:
+            return super().forward(batch)
+        count = self._micro_batch  # the k-th slice of the update, in the simulated order
+        self._micro_batch = count // WORKERS  # this worker's own count of its slices
+        loss = super().forward(batch)
+        self._micro_batch = count + 1
+        return loss
 
 
 def _data(n: int = 46, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +208,7 @@ def test_the_kit_fails_each_engine_trap_on_two_launched_workers(framework, targe
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
     )
-    [result] = check_backend(target, device="cpu", dtypes=["float32"], keyword="data_parallel")
+    [result] = check_backend(target, device="cpu", dtypes=["float32"], keyword=_GLOBAL_BATCH)
     assert result.status == "failed", result.reason
     assert "2 workers vs 1 with the global batch" in result.reason
 
@@ -187,11 +216,21 @@ def test_the_kit_fails_each_engine_trap_on_two_launched_workers(framework, targe
 @pytest.mark.parametrize("trap", [PerReplicaMeanLoss, ShardMapPmeanOnSum])
 def test_the_kit_fails_each_trap_and_passes_its_base(trap):
     target = f"{__name__}:{trap.__name__}"
-    [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword="data_parallel")
+    [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword=_GLOBAL_BATCH)
     assert result.status == "failed"
     assert "2 workers vs 1 with the global batch" in result.reason
-    [good] = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
-    assert good.status == "passed", good.reason
+    good = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
+    assert [r.status for r in good] == ["passed", "passed"], [r.reason for r in good]
+
+
+def test_the_kit_fails_workers_that_all_draw_worker_zeros_dropout_masks():
+    target = f"{__name__}:{SameMasksOnEveryWorker.__name__}"
+    results = check_backend(target, device="cpu", dtypes=["float64"], keyword="data_parallel")
+    verdicts = {result.check: result for result in results}
+    assert verdicts[_GLOBAL_BATCH].status == "passed", verdicts[_GLOBAL_BATCH].reason
+    dropout = verdicts["workers_draw_the_oracles_dropout"]
+    assert dropout.status == "failed"
+    assert "2 workers vs 2 simulated workers" in dropout.reason
 
 
 def test_the_launcher_names_a_killed_worker_and_stops_the_others():

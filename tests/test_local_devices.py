@@ -20,28 +20,34 @@ from unitrain.backends.jax import LocalDevices
 generator = np.random.default_rng(0)
 x = generator.normal(size=(64, 6)).astype("float32")
 y = (x[:, 0] > 0).astype("int64")
-def run(strategy):
-    trainer = Trainer(models.MLP((6, 16, 2), activation="tanh"), backend="jax",
+def run(strategy, dropout=0.0):
+    trainer = Trainer(models.MLP((6, 16, 2), activation="tanh", dropout=dropout), backend="jax",
                       config=TrainerConfig(epochs=2, batch_size=16, device="cpu"),
                       strategy=strategy)
     trainer.fit((x, y), (x, y))
     return trainer
+def relative(first, second):
+    a, b = first.backend.state_dict(), second.backend.state_dict()
+    keys = [k for k in b if k.startswith("model.")]  # not the step count, which is equal
+    squares = sum(np.sum((a[k] - b[k]) ** 2.0) for k in keys)
+    return np.sqrt(squares / sum(np.sum(b[k] ** 2.0) for k in keys))
 two, one = run(LocalDevices(2)), run(None)
 inputs, _ = two.backend._arrays((x[:16], y[:16]))
 assert len(inputs.sharding.device_set) == 2, inputs.sharding
-a, b = two.backend.state_dict(), one.backend.state_dict()
-keys = [k for k in b if k.startswith("model.")]  # not the step count, which is equal
-squares = sum(np.sum((a[k] - b[k]) ** 2.0) for k in keys)
-error = np.sqrt(squares / sum(np.sum(b[k] ** 2.0) for k in keys))
+error = relative(two, one)
 assert error < 1e-6, error  # float32 sums of two half-batches: measured 1.0e-8
 assert [h["step"] for h in two.history] == [h["step"] for h in one.history]
-print("ok", error)
+# One forward over the sharded batch draws the whole batch's masks: the single device's.
+dropout = relative(run(LocalDevices(2), dropout=0.3), run(None, dropout=0.3))
+assert dropout < 1e-6, dropout
+print("ok", error, dropout)
 """
 
 # The digits recipe for 2 epochs (90 updates; the last batch of each epoch, 30 examples,
 # splits 15/15) on 2 logical CPUs and on one device. Then the trap of issue 13 on the same
 # 2 devices: a replica loss that is the replica's own mean, which the strategy's sum over
-# replicas doubles. Last, a LocalDevices asked for after TensorFlow has started.
+# replicas doubles. Then dropout, whose masks must be 2 simulated workers'. Last, a
+# LocalDevices asked for after TensorFlow has started.
 _TENSORFLOW = """
 import numpy as np
 from unitrain import ConfigError
@@ -81,13 +87,29 @@ assert two.state.stop_training == one.state.stop_training
 trap = relative(run(devices, PerReplicaMean, epochs=1), run(None, epochs=1))
 assert trap > 1e-2, trap  # doubled gradients; measured 0.38
 
+# Replica r keys its slice's masks as 2 simulated workers' slice r: their run, in one process.
+def run_dropout(strategy):
+    from unitrain import Trainer, TrainerConfig, models
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(64, 6)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    model = models.MLP((6, 16, 2), activation="tanh", dropout=0.3)
+    config = TrainerConfig(epochs=2, batch_size=16, device="cpu")
+    trainer = Trainer(model, backend="tensorflow", config=config, strategy=strategy)
+    trainer.fit((x, y), (x, y))
+    return trainer
+
+dropout = relative(run_dropout(devices), run_dropout(2))
+assert dropout < 1e-5, dropout
+assert relative(run_dropout(devices), run_dropout(None)) > 1e-3  # the masks do matter here
+
 try:
     LocalDevices(3)
 except ConfigError as refused:
     assert "before anything in this process makes a TensorFlow tensor" in str(refused), refused
 else:
     raise AssertionError("LocalDevices(3) after TensorFlow started was accepted")
-print("ok", difference, trap)
+print("ok", difference, trap, dropout)
 """
 
 

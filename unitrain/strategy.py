@@ -36,6 +36,7 @@ __all__ = [
     "SingleProcess",
     "Strategy",
     "check_splittable",
+    "dropout_index",
     "evaluate_over_workers",
     "reduce_sums",
     "shard_bounds",
@@ -122,6 +123,22 @@ def worker_shard(
     if stop == start:
         return []
     return [(slice_batch(batch, start, stop), (stop - start) * scale / size)]
+
+
+def dropout_index(micro_batch: int, world_size: int, rank: int) -> int:
+    """The micro-batch number that keys the dropout masks of worker ``rank``'s
+    ``micro_batch``-th forward in an update (backends key masks by ``(seed, step, number)``).
+
+    :class:`SimulatedWorkers` computes an update's slices batch by batch, workers in rank
+    order, so the backend's ``k``-th forward is worker ``k % N``'s slice of batch ``k // N``.
+    Real workers number their forwards the same way, so they draw exactly the oracle's masks
+    and no two workers draw the same one (each counting from 0 would repeat worker 0's).
+
+    Examples:
+        >>> [dropout_index(k, 2, rank) for k in range(2) for rank in range(2)]
+        [0, 1, 2, 3]
+    """
+    return micro_batch * world_size + rank
 
 
 class SingleProcess:

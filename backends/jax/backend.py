@@ -82,6 +82,7 @@ from unitrain.precision import (
     compute_dtype,
     require_precision,
 )
+from unitrain.strategy import dropout_index
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
@@ -172,6 +173,7 @@ class JaxBackend:
         self._data: tuple[Any, Any] | None = None
         self._lr = ResidentScalar(self._put)
         self._reduce_gradients: Any = None  # summed over workers when data-parallel
+        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
 
     @property
     def device(self) -> str:
@@ -225,7 +227,7 @@ class JaxBackend:
     def forward(self, batch: Batch) -> Any:
         """Train-mode forward; keeps the VJP for backward and returns the loss (no host sync)."""
         x, y = self._arrays(batch)
-        micro = np.int32(self._micro_batch)
+        micro = np.int32(dropout_index(self._micro_batch, *self._worker))
         state = self._state
         loss, self._vjp, model_state = self._fn.forward(
             state.params, state.model_state, x, y, self._settings, state.counters, micro
@@ -259,9 +261,10 @@ class JaxBackend:
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
         self._micro_batch = 0
 
-    def distribute(self, reduce_gradients: Any) -> None:
-        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
-        self._reduce_gradients = reduce_gradients
+    def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
+        key dropout as worker ``rank`` of ``world_size`` (``strategy.dropout_index``)."""
+        self._reduce_gradients, self._worker = reduce_gradients, (world_size, rank)
 
     def launched_strategy(self) -> Any:
         """jax.distributed over the launched workers, or None when not launched."""

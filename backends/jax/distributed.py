@@ -106,7 +106,7 @@ class JaxDistributed:
 
     def setup(self, backend: Any) -> None:
         """Have the backend sum its gradients over the workers before every update."""
-        backend.distribute(self.sum_gradients)
+        backend.distribute(self.sum_gradients, self.world_size, self.rank)
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice; its loss weighted by its share, as the gradients are summed."""

@@ -12,8 +12,8 @@ returns the loss while keeping the gradients as device tensors; ``backward(scale
 ``scale`` times them into gradient-buffer variables; ``step(lr)`` clips, checks the gradients
 for NaN/inf in-graph (the global norm when clipping, else one sum per tensor; a non-finite
 value leaves parameters and optimizer state untouched and adds one to a device-side skip
-counter), updates, and zeros the buffers. ``train_step``
-fuses the three into one function without the buffers.
+counter), updates, and zeros the buffers. ``train_step`` fuses the three into one function
+without the buffers.
 
 Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
 (the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
@@ -72,6 +72,7 @@ from unitrain.backends.tensorflow.precision import (
 from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
+from unitrain.strategy import dropout_index
 
 __all__ = ["TensorFlowBackend"]
 
@@ -169,7 +170,7 @@ class TensorFlowBackend(CompiledGraphs):
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
-        self._micro_batch = 0
+        self._micro_batch, self._worker = 0, (1, 0)  # worker: (world size, rank), for dropout
         self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
         self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
@@ -212,7 +213,8 @@ class TensorFlowBackend(CompiledGraphs):
         """
         x, y = self._tensors(batch)
         function = self._batch_function("forward", self._forward_graph, x, y, scalar(tf.int64))
-        loss, self._pending = function(x, y, tf.constant(self._micro_batch, tf.int64))
+        micro = dropout_index(self._micro_batch, *self._worker)
+        loss, self._pending = function(x, y, tf.constant(micro, tf.int64))
         self._micro_batch += 1
         return loss
 
@@ -235,9 +237,10 @@ class TensorFlowBackend(CompiledGraphs):
         function(tf.constant(lr, self.dtype))
         self._micro_batch, self._pending, self._accumulated = 0, None, False
 
-    def distribute(self, reduce_gradients: Any) -> None:
-        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step."""
-        self._reduce_gradients = reduce_gradients
+    def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
+        key dropout as worker ``rank`` of ``world_size`` (``strategy.dropout_index``)."""
+        self._reduce_gradients, self._worker = reduce_gradients, (world_size, rank)
 
     def launched_strategy(self) -> Any:
         """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
@@ -302,12 +305,7 @@ class TensorFlowBackend(CompiledGraphs):
         x, y = self._device_data
         indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
-        signature = (
-            spec(x, full=True),
-            spec(y, full=True),
-            matrix(tf.int64),
-            vector(self.dtype),
-        )
+        signature = (spec(x, full=True), spec(y, full=True), matrix(tf.int64), vector(self.dtype))
         key = ("train_steps_on_device", *(spec for spec in signature[:2]))
         function = self._function(key, self._gather_steps_graph, signature)
         losses = function(x, y, indices, lrs)

@@ -103,7 +103,7 @@ class TensorFlowDistributed:
 
     def setup(self, backend: Any) -> None:
         """Have the backend sum its gradients over the workers before every update."""
-        backend.distribute(self.sum_gradients)
+        backend.distribute(self.sum_gradients, self.world_size, self.rank)
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice; its loss scaled by its share of the global batch."""

@@ -41,6 +41,7 @@ from unitrain.backends.torch.precision import (
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import MLP, AbstractLayer, InputCheck
 from unitrain.precision import require_precision
+from unitrain.strategy import dropout_index
 
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
@@ -107,6 +108,7 @@ class TorchBackend:
         self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0
         self._micro_batch = 0
+        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
         self._skipped = 0
         # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
         self._host_batches = self.torch_device.type == "cpu" and self.dtype != torch.bfloat16
@@ -178,7 +180,8 @@ class TorchBackend:
             self.module.train()
         generator = getattr(self.module, "generator", None)
         if generator is not None:
-            seed = hash((self.options.seed, self._step, self._micro_batch)) & (2**63 - 1)
+            micro = dropout_index(self._micro_batch, *self._worker)
+            seed = hash((self.options.seed, self._step, micro)) & (2**63 - 1)
             generator.manual_seed(seed)
         with self._mixed.autocast():
             out = self._forward_module(x)
@@ -186,9 +189,11 @@ class TorchBackend:
         self._micro_batch += 1
         return self._loss.detach()
 
-    def distribute(self, wrap: Any) -> None:
-        """Run train-mode forwards through ``wrap(module)`` (DDP), which syncs gradients."""
+    def distribute(self, wrap: Any, world_size: int, rank: int) -> None:
+        """Run train-mode forwards through ``wrap(module)`` (DDP), which syncs gradients, and
+        key dropout as worker ``rank`` of ``world_size`` (see ``strategy.dropout_index``)."""
         self._forward_module = wrap(self.module)
+        self._worker = (world_size, rank)
 
     def launched_strategy(self) -> Any:
         """DDP over the workers torchrun started, or None when it did not start this one."""

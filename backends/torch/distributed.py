@@ -17,6 +17,7 @@ steps differ by at most 8.9e-8 in float32 and 1.4e-16 in float64; joining the gr
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -96,7 +97,8 @@ class TorchDDP:
                 f"strategy expects {self.world_size}"
             )
         ids = [device.index or 0] if device.type == "cuda" else None
-        backend.distribute(lambda inner: DistributedDataParallel(inner, device_ids=ids))
+        wrap = functools.partial(DistributedDataParallel, device_ids=ids)
+        backend.distribute(wrap, self.world_size, self.rank)
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice, its loss weighted so that DDP's average is the global mean."""

@@ -14,6 +14,10 @@ Against one worker with the global batch:
 - the same worker count resumes bit-identically; one worker resumes the two-worker
   checkpoint and ends as an uninterrupted one-worker run does (within tolerance).
 
+- with dropout, two workers draw the masks two simulated workers draw (each slice keyed by
+  its place in the oracle's order), so the final weights agree within the same tolerance; every
+  worker numbering its slices from 0 repeats worker 0's masks and fails by orders of magnitude.
+
 A loss that is each replica's mean under an engine that sums replicas (TF's trap), or a
 second average on top of the engine's (JAX ``shard_map``'s), doubles or halves every
 gradient: both fail the first comparison by orders of magnitude.
@@ -145,4 +149,32 @@ def workers_match_global_batch(ctx: Context) -> None:
         "position after resuming on 1 worker",
         (one.state.epoch, one.state.step),
         (reference_outcome["epoch"], reference_outcome["step"]),
+    )
+
+
+@check(
+    "data_parallel",
+    "workers_draw_the_oracles_dropout",
+    guards="every worker drawing the same dropout masks (each numbering its slices from 0), "
+    "masks keyed by anything but the slice's place in the simulated workers' order",
+)
+def workers_draw_the_oracles_dropout(ctx: Context) -> None:
+    """With dropout, 2 workers end where 2 simulated workers do: distinct masks per worker."""
+    if ctx.device != "cpu":
+        ctx.skip("the kit launches data-parallel workers on the CPU only")
+    parallel = _run_workers(ctx, ctx.path("workers"))
+    state, outcome = _workers.read_result(parallel / "c")
+    oracle = _workers.train(
+        ctx.backend.factory, ctx.dtype, ctx.path("simulated"), WORKERS, dropout=_workers.DROPOUT
+    )
+    ctx.compare(
+        f"final state with dropout {_workers.DROPOUT}, 2 workers vs 2 simulated workers",
+        state,
+        oracle.backend.state_dict(),
+        "step",
+    )
+    ctx.require_equal(
+        "epochs, steps and LRs with dropout (early stopping)",
+        _history(outcome),
+        [(row["epoch"], row["step"], row["lr"]) for row in oracle.history],
     )

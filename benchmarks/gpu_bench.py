@@ -39,6 +39,10 @@ import numpy as np
 DEVICE = os.environ.get("DEV", "gpu")
 EPOCHS = int(os.environ.get("EPOCHS", 4))
 WORKLOADS = {
+    # W0: compute too small to matter, so a step's time is the host's (dispatch, copies,
+    # bookkeeping): on a GPU that is what the device waits for when the host is the bottleneck,
+    # and on the CPU (DEV=cpu) it is the one figure of this script worth measuring.
+    "W0": {"sizes": (32, 32, 32, 10), "batch": 32, "steps": 500},
     "W1": {"sizes": (784, 256, 256, 10), "batch": 128, "steps": 200},
     "W3": {"sizes": (1024, 4096, 4096, 10), "batch": 512, "steps": 100},
 }

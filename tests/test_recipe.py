@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from unitrain import ConfigError, callbacks, optim
+from unitrain import ConfigError, callbacks, optim, schedules
 from unitrain.recipe import (
     apply_overrides,
     load_recipe,
@@ -74,6 +74,26 @@ def test_overrides_change_config_nested_parts_and_list_items():
     assert recipe.model.sizes == (64, 32, 10)
 
 
+def test_setting_another_type_starts_that_type_from_its_defaults_and_says_what_was_dropped():
+    with pytest.warns(UserWarning, match="'sgd' were dropped: momentum, nesterov, weight_decay"):
+        recipe = apply_overrides(
+            load_recipe("digits"), ["optimizer.type=lion", "optimizer.beta2=0.98"]
+        )
+    assert recipe.optimizer == optim.Lion(beta2=0.98)
+    with pytest.warns(UserWarning, match="'cosine_decay' were dropped: base_lr, decay_steps"):
+        recipe = apply_overrides(
+            recipe, ["schedule.schedule.type=constant", "schedule.schedule.lr=0.01"]
+        )
+    assert recipe.schedule.schedule == schedules.Constant(0.01)
+    assert recipe.optimizer == optim.Lion(beta2=0.98)  # an earlier part is kept
+
+
+def test_setting_the_type_a_table_already_has_changes_nothing(recwarn):
+    recipe = load_recipe("digits")
+    assert apply_overrides(recipe, ["optimizer.type=sgd"]).optimizer == recipe.optimizer
+    assert not recwarn.list
+
+
 @pytest.mark.parametrize(
     ("assignment", "message"),
     [
@@ -82,6 +102,8 @@ def test_overrides_change_config_nested_parts_and_list_items():
         ("config.epochs=0", "epochs must be an int >= 1"),
         ("callbacks.9.patience=1", "not an index below 2"),
         ("nothing.x=1", "unknown section"),
+        ("model.sizes.0.type=relu", "'type' is inside a value"),
+        ("optimizer.type=nadam", "unknown optimizer type"),
     ],
 )
 def test_bad_overrides_say_what_is_wrong(assignment, message):

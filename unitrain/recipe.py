@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -262,8 +263,16 @@ def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
     nested keys (``schedule.schedule.base_lr=0.05``) and list items (``callbacks.0.patience=5``)
     work for every part that has one. Values are TOML (``3``, ``0.1``, ``true``, ``[1, 2]``,
     ``"text"``); anything that is not valid TOML is taken as a string (``device=cpu``).
+
+    Setting a table's ``type`` to another type replaces the table, as choosing another option
+    does in Hydra: the new type starts from its own defaults, the old type's fields are dropped
+    with a warning that names them (an SGD ``weight_decay`` is not AdamW's), and later
+    assignments set the new type's fields (``optimizer.type=lion optimizer.beta2=0.98``). The
+    recipe is checked once all assignments are in; the warnings come once it is valid.
     """
     current = dataclasses.replace(recipe)
+    described: dict[str, Any] | None = None  # the recipe as data, once a part is changed
+    dropped: list[str] = []  # what each change of type dropped, said once the recipe is valid
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         path = key.strip().split(".")
@@ -280,13 +289,47 @@ def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
             if path[1] not in fields:
                 raise ConfigError(f"--set {assignment!r}: unknown config field; known {fields}")
             current.config = dataclasses.replace(current.config, **{path[1]: value})
+            if described is not None:
+                described["config"] = _config_dict(current.config)
             continue
-        described = recipe_to_dict(current)
+        if described is None:
+            described = recipe_to_dict(current)
         if section not in described:
             raise ConfigError(f"--set {assignment!r}: unknown section {section!r}")
-        _assign(described, path, value, assignment)
-        current = recipe_from_dict(described)
+        if path[-1] == "type":
+            dropped += _retype(described, path, value, assignment)
+        else:
+            _assign(described, path, value, assignment)
+    if described is None:
+        return current
+    current = recipe_from_dict(described)
+    for message in dropped:
+        warnings.warn(message, stacklevel=2)
     return current
+
+
+def _retype(tree: Any, path: list[str], value: Any, assignment: str) -> list[str]:
+    """Set the ``type`` at ``path``; another type than the table's drops the table's fields.
+
+    Returns:
+        A message naming the fields dropped, or nothing.
+    """
+    for part in path[:-1]:
+        tree = _child(tree, part, assignment)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--set {assignment!r}: 'type' is inside a value, not a table")
+    if tree.get("type") == value:
+        return []
+    dropped, old = sorted(key for key in tree if key != "type"), tree.get("type")
+    tree.clear()
+    tree["type"] = value
+    if not dropped:
+        return []
+    return [
+        f"--set {assignment}: the new type starts from its own defaults; the fields of {old!r} "
+        f"were dropped: {', '.join(dropped)} (set one again with --set "
+        f"{'.'.join(path[:-1])}.FIELD=VALUE)"
+    ]
 
 
 def _assign(tree: Any, path: list[str], value: Any, assignment: str) -> None:

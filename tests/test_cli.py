@@ -133,7 +133,9 @@ def test_ctrl_c_finishes_the_save_and_prints_one_line_to_resume(tmp_path):
 
     out = tmp_path / "run"
     command = [sys.executable, "-m", "unitrain.cli", "train", "--backend", "numpy"]
-    command += ["--epochs", "500", "--out", str(out)]
+    # No early stopping (the recipe's would end the run after ~10 epochs, about a second, so
+    # the signal could land after training), so the signal lands mid-training.
+    command += ["--epochs", "500", "--set", "callbacks.0.patience=1000", "--out", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list_checkpoints(out / "checkpoints") and time.monotonic() < deadline:

@@ -20,7 +20,9 @@ Usage, with the package importable (``PYTHONPATH`` pointing at an install of it)
 Environment: ``DEV`` (``gpu``, or ``cpu`` to try it here), ``STEPS`` (steps per epoch, by
 default 200 for W1 and 100 for W3), ``EPOCHS`` (4), ``REPS`` (interleaved repetitions, 2),
 ``ONLY`` (e.g. ``W3``), ``NONDETERMINISTIC`` (set: also unitrain with ``deterministic=False``
-at float32 "highest", to see what deterministic kernels cost).
+at float32 "highest", to see what deterministic kernels cost), ``DEVICE_DATA`` (set: also
+unitrain with ``data_on_device=True``, the training set on the GPU and each batch gathered
+there, at float32 "highest" and bf16-mixed: what the host's per-step gather and copy cost).
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ def _record(
 
 
 def unitrain_fit(
-    fw: str, workload: dict[str, Any], variant: tuple[str, str], deterministic: bool = True
+    fw: str,
+    workload: dict[str, Any],
+    variant: tuple[str, str],
+    deterministic: bool = True,
+    data_on_device: bool = False,
 ) -> list[float]:
     """Seconds per epoch of ``Trainer.fit`` (epoch end waits for the device: loss read)."""
     from unitrain import Trainer, TrainerConfig, models, optim, schedules
@@ -103,6 +109,7 @@ def unitrain_fit(
         matmul_precision=variant[0],
         precision=variant[1],
         deterministic=deterministic,
+        data_on_device=data_on_device,
         log_every_n_steps=10**6,
     )
     trainer = Trainer(
@@ -263,6 +270,10 @@ def main(frameworks: list[str]) -> None:
                     if os.environ.get("NONDETERMINISTIC") and variant == VARIANTS[0]:
                         times = unitrain_fit(fw, workload, variant, deterministic=False)
                         method = "unitrain_nondeterministic"
+                        rows.append(_record(fw, name, method, variant, times, workload["steps"]))
+                    if os.environ.get("DEVICE_DATA") and variant[1] in ("32", "bf16-mixed"):
+                        times = unitrain_fit(fw, workload, variant, data_on_device=True)
+                        method = "unitrain_device_data"
                         rows.append(_record(fw, name, method, variant, times, workload["steps"]))
     _comparisons(rows)
 

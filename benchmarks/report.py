@@ -58,7 +58,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
                         bound,
                     )
                 )
-        for backend in ("jax", "tensorflow"):
+        for backend in BACKENDS:
             ratio = ratio_between(
                 speed, "W2", f"{backend}/unitrain_multistep", f"{backend}/native_device"
             )

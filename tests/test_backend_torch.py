@@ -149,6 +149,53 @@ def test_dropout_masks_depend_on_step_not_on_history():
     assert not torch.equal(a.forward((x, y)), loss_b)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_updates_in_one_call_and_on_device_data_equal_single_steps_bit_for_bit(dtype):
+    """train_steps and train_steps_on_device run the same eager updates as train_step, and
+    train_step the same as forward, backward and step: on the CPU, the same bits."""
+    x, y = data()
+    model = models.MLP((6, 10, 3), dropout=0.25)
+
+    def fresh() -> TorchBackend:
+        return TorchBackend(
+            model, BackendOptions(device="cpu", dtype=dtype, optimizer=optim.Adam())
+        )
+
+    rows, lrs = (
+        np.random.default_rng(3).permutation(48)[:40].reshape(5, 8),
+        [0.1, 0.05, 0.02, 0.1, 0.03],
+    )
+    plain, fused, stacked, on_device = fresh(), fresh(), fresh(), fresh()
+    expected = []
+    for row, lr in zip(rows, lrs):
+        expected.append(plain.forward((x[row], y[row])))
+        plain.backward()
+        plain.step(lr)
+    fused_losses = torch.stack(
+        [fused.train_step((x[row], y[row]), lr) for row, lr in zip(rows, lrs)]
+    )
+    stacked_losses = stacked.train_steps((x[rows], y[rows]), np.asarray(lrs))
+    on_device.set_device_data(x, y)
+    device_losses = on_device.train_steps_on_device(rows, np.asarray(lrs))
+    assert stacked_losses.dtype == device_losses.dtype == torch.float32  # numpy reads them
+    for losses in (fused_losses, stacked_losses, device_losses):
+        assert torch.equal(losses.float(), torch.stack(expected).float())
+    for backend in (fused, stacked, on_device):
+        state = backend.state_dict()
+        assert all(np.array_equal(state[k], v) for k, v in plain.state_dict().items())
+
+
+def test_data_on_device_refuses_what_it_cannot_gather():
+    backend = TorchBackend(MODEL, BackendOptions(device="cpu"))
+    with pytest.raises(ConfigError, match="needs set_device_data"):
+        backend.train_steps_on_device(np.zeros((1, 4), np.int64), [0.1])
+    backend.set_device_data(*data())
+    with pytest.raises(ConfigError, match=r"integers of shape \(updates, batch_size\)"):
+        backend.train_steps_on_device(np.zeros((1, 4)), [0.1])
+    with pytest.raises(ConfigError, match="shape"):
+        backend.train_steps_on_device(np.zeros(4, np.int64), [0.1])
+
+
 def test_to_host_keeps_the_loss_dtype():
     # A float64 run's losses must reach the running total in float64, not rounded to float32.
     backend = TorchBackend(models.MLP((4, 8, 3)), BackendOptions(dtype="float64"))

@@ -340,7 +340,7 @@ def test_mse_regression_trains():
     assert "val_accuracy" not in history[-1]
 
 
-@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow")])
+@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow", "torch")])
 def test_multi_step_calls_and_device_data_equal_single_steps(backend, digits, tmp_path):
     """steps_per_call=k and data_on_device change the speed, not the numbers."""
     x, y = digits.x_train[:330], digits.y_train[:330]  # 10 full batches + one of 10 per epoch
@@ -366,7 +366,7 @@ def test_multi_step_calls_and_device_data_equal_single_steps(backend, digits, tm
         np.testing.assert_allclose(other_losses, losses, rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow")])
+@pytest.mark.parametrize("backend", [backend_param(b) for b in ("jax", "tensorflow", "torch")])
 def test_multi_step_run_resumes_bit_exactly(backend, digits, tmp_path):
     from unitrain import callbacks
 

@@ -31,6 +31,7 @@ from unitrain.backends.torch.core import (
 )
 from unitrain.backends.torch.kernels import device_guard, finite_check
 from unitrain.backends.torch.layers import build_portable
+from unitrain.backends.torch.loops import UpdateLoops
 from unitrain.backends.torch.model import TorchMLP, loss_function
 from unitrain.backends.torch.optimizers import optimizer_for
 from unitrain.backends.torch.precision import (
@@ -46,8 +47,9 @@ from unitrain.strategy import dropout_index
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
 
-class TorchBackend:
-    """PyTorch implementation of the :class:`unitrain.backend.Backend` protocol."""
+class TorchBackend(UpdateLoops):
+    """PyTorch implementation of the :class:`unitrain.backend.Backend` protocol, with the
+    fused, multi-step and data-on-device calls of :class:`.loops.UpdateLoops`."""
 
     name = "torch"
     capabilities = Capabilities(
@@ -175,7 +177,9 @@ class TorchBackend:
 
     def forward(self, batch: Batch) -> Any:
         """Train-mode forward; returns the loss detached from the graph (no host sync)."""
-        x, y = self._tensors(batch)
+        return self._forward_tensors(*self._tensors(batch))
+
+    def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not self.module.training:
             self.module.train()
         generator = getattr(self.module, "generator", None)

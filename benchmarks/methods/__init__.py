@@ -57,7 +57,16 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("torch/native", "torch", "torch_native", "host", None, f"torch eager {_HOST}"),
+        Method("torch/native_device", "torch", "torch_native", "device", None, f"torch {_DEVICE}"),
         Method("torch/unitrain", "torch", "unitrain", "default", "torch/native", "unitrain"),
+        Method(
+            "torch/unitrain_multistep",
+            "torch",
+            "unitrain",
+            "multistep",
+            "torch/native_device",
+            "unitrain steps_per_call + data_on_device",
+        ),
         Method("torch/keras_fit", "torch", "keras_fit", "", "torch/native", "Keras 3 fit"),
         Method("torch/lightning", "torch", "lightning", "", "torch/native", "Lightning fit"),
         Method("jax/native", "jax", "jax_native", "host", None, f"jax.jit + optax {_HOST}"),

@@ -1,7 +1,13 @@
 """The hand-written PyTorch loop an expert would write: eager, ``zero_grad(set_to_none=True)``.
 
-Batches are cut from host numpy arrays with a fresh permutation per epoch, exactly as
-:class:`unitrain.ArrayLoader` does, and handed to torch with ``torch.from_numpy`` (no copy).
+Two variants:
+
+- ``host``: batches cut from host numpy arrays with a fresh permutation per epoch, exactly
+  as :class:`unitrain.ArrayLoader` does, and handed to torch with ``torch.from_numpy`` (no
+  copy);
+- ``device``: the training set made tensors once; each epoch's permutation goes in as one
+  index tensor and each batch is gathered with ``index_select``.
+
 The epoch's mean loss is summed on the device with one in-place add per step and read once
 per epoch, as unitrain reads it.
 """
@@ -28,17 +34,22 @@ def torch_inputs(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:
-    """Train with a plain eager loop fed host batches."""
+    """Train with a plain eager loop fed host batches (or gathered from tensors)."""
     x, y = torch_inputs(workload)
+    data = (torch.from_numpy(x), torch.from_numpy(y)) if variant == "device" else None
     model = torch_model(workload).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     size, steps = workload.batch_size, workload.steps_per_epoch
     for epoch in range(gate.epochs):
         order = np.random.default_rng([SEED, epoch]).permutation(len(x))
         running = torch.zeros(())
+        rows = torch.from_numpy(order[: steps * size].reshape(steps, size))
         for i in range(steps):
-            chosen = order[i * size : (i + 1) * size]
-            inputs, targets = torch.from_numpy(x[chosen]), torch.from_numpy(y[chosen])
+            if data is not None:
+                inputs, targets = data[0].index_select(0, rows[i]), data[1].index_select(0, rows[i])
+            else:
+                chosen = order[i * size : (i + 1) * size]
+                inputs, targets = torch.from_numpy(x[chosen]), torch.from_numpy(y[chosen])
             optimizer.zero_grad(set_to_none=True)
             # Sequence logits (N, L, V) are averaged over every token, as unitrain does.
             loss = F.cross_entropy(model(inputs).flatten(0, -2), targets.flatten())

@@ -1,8 +1,10 @@
 """fused: the fast paths equal the plain path.
 
 ``train_step(batch, lr)`` must equal ``forward(batch); backward(); step(lr)`` (dropout masks
-included), and a multi-step call ``train_steps(batches, lrs)`` - the kit's name for Keras's
-``steps_per_execution`` - must equal that many single steps. Compared within ``step``:
+included), a multi-step call ``train_steps(batches, lrs)`` - the kit's name for Keras's
+``steps_per_execution`` - must equal that many single steps, and so must
+``train_steps_on_device(indices, lrs)`` on the batches its indices pick from the training set
+``set_device_data`` put on the device (``TrainerConfig.data_on_device``). Compared within ``step``:
 compiled fused code may round differently from separately compiled pieces.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import optim
-from unitrain.backend import FusedStep, MultiStep
+from unitrain.backend import DeviceData, FusedStep, MultiStep
 from unitrain.conformance._context import Context
 from unitrain.conformance._registry import check
 from unitrain.conformance._training import classifier, classifier_data
@@ -100,3 +102,26 @@ def steps_per_call(ctx: Context) -> None:
     expected = [float(single.train_step((xs[i], ys[i]), lr)) for i, lr in enumerate(LRS)]
     ctx.compare("losses returned", losses.ravel(), expected, "step")
     ctx.compare(f"state after {k} updates", multi.state_dict(), single.state_dict(), "step")
+
+
+@check(
+    "fused",
+    "steps_on_device",
+    guards="batches gathered on the device from the wrong rows (a transposed or flattened "
+    "index array, a stale copy of the data), or updates that differ from single steps",
+)
+def steps_on_device(ctx: Context) -> None:
+    """train_steps_on_device(indices, lrs) equals single train_step calls on those rows."""
+    model = classifier(dropout=0.25)
+    on_device = _fused(ctx, model, optimizer=optim.SGD(momentum=0.9))
+    if not isinstance(on_device, DeviceData):
+        ctx.skip("the backend keeps no data on the device (the optional DeviceData protocol)")
+    single = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
+    x, y = classifier_data(ctx)
+    k = len(LRS)
+    rows = np.random.default_rng(5).permutation(len(x))[: 8 * k].reshape(k, 8)
+    on_device.set_device_data(x, y)
+    losses = np.asarray(on_device.train_steps_on_device(rows, np.asarray(LRS)), np.float64)
+    expected = [float(single.train_step((x[r], y[r]), lr)) for r, lr in zip(rows, LRS)]
+    ctx.compare("losses returned", losses.ravel(), expected, "step")
+    ctx.compare(f"state after {k} updates", on_device.state_dict(), single.state_dict(), "step")

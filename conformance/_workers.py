@@ -8,7 +8,11 @@ the simulated workers' (see :func:`unitrain.strategy.dropout_index`). Rank 0 sav
 final state and history. Run as a program (``python -m unitrain.conformance._workers TARGET
 DTYPE[,DTYPE...] OUT``, one ``OUT/DTYPE`` each) under a backend's launcher, every worker
 executes it and the Trainer takes its place from the launcher's environment; in process,
-``strategy`` says how many workers to simulate.
+``strategy`` says how many workers to simulate. With ``--local-devices=N`` first, one
+process runs ``a`` and ``b`` on the backend's ``local_devices_strategy(N)``, made before
+anything else (the caller sets ``local_devices_environment(N)``), with batches of
+:data:`LOCAL_BATCH`; run ``c`` is left out, as such a strategy may draw one worker's masks
+or N workers'.
 
 The global batch of 15 splits 8/7 on two workers and the last batch of each epoch (5
 examples) 3/2, so the weighting of uneven slices is exercised on every epoch.
@@ -28,7 +32,16 @@ from unitrain.config import TrainerConfig
 from unitrain.models import MLP
 from unitrain.trainer import Trainer
 
-__all__ = ["DROPOUT", "EPOCHS", "RESUME_EPOCH", "data", "experiment", "read_result", "train"]
+__all__ = [
+    "DROPOUT",
+    "EPOCHS",
+    "LOCAL_BATCH",
+    "RESUME_EPOCH",
+    "data",
+    "experiment",
+    "read_result",
+    "train",
+]
 
 #: Early stopping (patience 1, min_delta 0.05) ends the run after 3 of these epochs, so the
 #: kit sees a stopping decision taken before the last epoch.
@@ -36,6 +49,9 @@ EPOCHS = 5
 #: Run ``b`` resumes from the checkpoint written after this many epochs.
 RESUME_EPOCH = 1
 BATCH = 15
+#: The batch of the local-devices runs: 50 examples make batches of 16, 16, 16 and 2, each
+#: split evenly over 2 devices (JAX computes a batch that does not divide on every device).
+LOCAL_BATCH = 16
 #: The dropout rate of run ``c``.
 DROPOUT = 0.3
 
@@ -60,12 +76,13 @@ def train(
     strategy: Any,
     resume: Path | None = None,
     dropout: float = 0.0,
+    batch: int = BATCH,
 ) -> Trainer:
     """One run of the experiment's recipe, checkpointing every epoch into ``directory``."""
     (x, y), val = data(dtype)
     config = TrainerConfig(
         epochs=EPOCHS,
-        batch_size=BATCH,
+        batch_size=batch,
         seed=0,
         device="cpu",
         dtype=dtype,
@@ -105,14 +122,19 @@ def _save(trainer: Trainer, directory: Path) -> None:
     (directory / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
-def experiment(backend: Any, dtype: str, out: Path, strategy: Any = None) -> None:
+def experiment(
+    backend: Any, dtype: str, out: Path, strategy: Any = None, local_devices: bool = False
+) -> None:
     """Run ``a`` (uninterrupted), ``b`` (resumed after epoch 1) and ``c`` (with dropout)
-    under ``out``."""
-    first = train(backend, dtype, out / "a", strategy)
+    under ``out``; for a local-devices strategy (or its one-device reference), ``a`` and ``b``
+    with batches of :data:`LOCAL_BATCH`."""
+    batch = LOCAL_BATCH if local_devices else BATCH
+    first = train(backend, dtype, out / "a", strategy, batch=batch)
     _save(first, out / "a")
     checkpoint = resume_point(out / "a")
-    _save(train(backend, dtype, out / "b", strategy, resume=checkpoint), out / "b")
-    _save(train(backend, dtype, out / "c", strategy, dropout=DROPOUT), out / "c")
+    _save(train(backend, dtype, out / "b", strategy, resume=checkpoint, batch=batch), out / "b")
+    if not local_devices:
+        _save(train(backend, dtype, out / "c", strategy, dropout=DROPOUT), out / "c")
 
 
 def resume_point(directory: Path) -> Path:
@@ -133,8 +155,18 @@ def read_result(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     return state, json.loads((directory / "outcome.json").read_text(encoding="utf-8"))
 
 
-if __name__ == "__main__":
+def _main(arguments: list[str]) -> None:
+    local = None
+    if arguments[0].startswith("--local-devices="):
+        from unitrain.registry import get_backend
+
+        devices = int(arguments.pop(0).partition("=")[2])
+        local = get_backend(arguments[0]).local_devices_strategy(devices)  # before all else
     # One launch runs every dtype asked for (comma-separated): starting workers costs seconds.
-    target, dtype_names, output = sys.argv[1:4]
+    target, dtype_names, output = arguments
     for dtype_name in dtype_names.split(","):
-        experiment(target, dtype_name, Path(output) / dtype_name)
+        experiment(target, dtype_name, Path(output) / dtype_name, local, local is not None)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -3,8 +3,10 @@
 :class:`TensorFlowPerReplicaMean` is the built-in backend with one mistake: under
 ``MultiWorkerMirroredStrategy``, which sums the workers' gradients, each worker's loss is its
 own slice's mean instead of ``compute_average_loss(per_example, global_batch_size)``, so the
-gradients double on two workers. The kit must fail it (test_data_parallel launches it with
-this folder on ``PYTHONPATH``). A module of its own: a worker imports TensorFlow only.
+gradients double on two workers. :class:`TensorFlowMirroredPerReplicaMean` makes the same
+mistake under ``MirroredStrategy`` over one process's local devices. The kit must fail both
+(test_data_parallel starts them with this folder on ``PYTHONPATH``). A module of its own: a
+worker imports TensorFlow only.
 """
 
 from __future__ import annotations
@@ -30,3 +32,13 @@ class TensorFlowPerReplicaMean(TensorFlowBackend):
 
     def launched_strategy(self) -> Any:
         return _PerWorkerMean.from_environment()
+
+
+class TensorFlowMirroredPerReplicaMean(TensorFlowBackend):
+    """MirroredStrategy over local devices summing the replicas' own mean losses' gradients
+    (each replica's loss not scaled to its share of the global batch)."""
+
+    def _slice_loss_and_grads(
+        self, x: Any, y: Any, micro_batch: Any, global_size: Any = None
+    ) -> Any:
+        return super()._slice_loss_and_grads(x, y, micro_batch)  # the slice's own mean

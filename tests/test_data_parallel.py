@@ -10,8 +10,8 @@ simulated workers, each doubling the gradients on two workers; the kit must fail
 passing their good base class, in a second. The same mistakes written in the engines
 (``_data_parallel_trap_tensorflow``: MultiWorkerMirroredStrategy summing per-replica mean
 losses; ``_data_parallel_trap_jax``: a ``pmean`` on gradients ``shard_map`` already summed)
-are launched on two real workers by a ``slow`` test; MirroredStrategy's per-replica mean is
-caught in test_local_devices.
+are launched on two real workers by a ``slow`` test; MirroredStrategy's per-replica mean
+over one process's local devices is run in a fresh process.
 """
 
 from __future__ import annotations
@@ -213,6 +213,19 @@ def test_the_kit_fails_each_engine_trap_on_two_launched_workers(framework, targe
     assert "2 workers vs 1 with the global batch" in result.reason
 
 
+def test_the_kit_fails_the_per_replica_mean_on_one_process_s_local_devices(monkeypatch):
+    pytest.importorskip("tensorflow")
+    tests = str(Path(__file__).parent)  # the fresh process imports the trap from here
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    )
+    target = "_data_parallel_trap_tensorflow:TensorFlowMirroredPerReplicaMean"
+    keyword = "local_devices_match_global_batch"
+    [result] = check_backend(target, device="cpu", dtypes=["float32"], keyword=keyword)
+    assert result.status == "failed", result.reason
+    assert "2 local devices vs 1" in result.reason
+
+
 @pytest.mark.parametrize("trap", [PerReplicaMeanLoss, ShardMapPmeanOnSum])
 def test_the_kit_fails_each_trap_and_passes_its_base(trap):
     target = f"{__name__}:{trap.__name__}"
@@ -220,7 +233,11 @@ def test_the_kit_fails_each_trap_and_passes_its_base(trap):
     assert result.status == "failed"
     assert "2 workers vs 1 with the global batch" in result.reason
     good = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
-    assert [r.status for r in good] == ["passed", "passed"], [r.reason for r in good]
+    assert {r.check: r.status for r in good} == {
+        _GLOBAL_BATCH: "passed",
+        "workers_draw_the_oracles_dropout": "passed",
+        "local_devices_match_global_batch": "skipped",  # the reference has no local devices
+    }, [r.reason for r in good]
 
 
 def test_the_kit_fails_workers_that_all_draw_worker_zeros_dropout_masks():

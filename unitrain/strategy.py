@@ -32,6 +32,7 @@ from unitrain._errors import ConfigError, DataError
 
 __all__ = [
     "DataParallel",
+    "LocalDeviceParallel",
     "SimulatedWorkers",
     "SingleProcess",
     "Strategy",
@@ -85,6 +86,25 @@ class DataParallel(Protocol):
 
     def launched_strategy(self) -> Strategy:
         """A framework strategy when a launcher started this process, else SingleProcess."""
+        ...
+
+
+@runtime_checkable
+class LocalDeviceParallel(Protocol):
+    """Optional static backend methods: one process training on several local devices.
+
+    The strategy is one worker to the Trainer and splits each batch over the devices itself
+    (``unitrain.backends.jax.LocalDevices``, ``unitrain.backends.tensorflow.LocalDevices``).
+    Devices often have to exist before the framework starts, so the conformance kit starts a
+    fresh process with :meth:`local_devices_environment` and creates the strategy first thing.
+    """
+
+    def local_devices_environment(self, devices: int) -> dict[str, str]:
+        """Environment variables a fresh process needs to see ``devices`` CPU devices."""
+        ...
+
+    def local_devices_strategy(self, devices: int) -> Strategy:
+        """The strategy over the first ``devices`` local devices; made before anything else."""
         ...
 
 

@@ -3,10 +3,9 @@
 Models are :class:`unitrain.models.MLP` (canonical names, portable checkpoints) or a native
 :class:`JaxModel` (with or without model state) / ``(apply, params)`` pair. Everything the
 training loop changes — params, model state (BatchNorm statistics, ...), optimizer state, the
-update counter and the skipped-update counter — lives on the device in
-one pytree that every jitted update donates and returns, so no step copies the weights or
-waits for the host; the skipped counter is read only when :attr:`JaxBackend.skipped_steps`
-is (the Trainer's logging points).
+update counter and the skipped-update counter — lives on the device in one pytree that every
+jitted update donates and returns, so no step copies the weights or waits for the host; the
+skipped counter is read only when :attr:`JaxBackend.skipped_steps` is (at logging points).
 
 - ``forward`` runs ``jax.vjp`` under jit and keeps the VJP (the residuals, not a recompute);
   ``backward(scale)`` pulls ``scale`` back through it, which is ``scale`` times the gradients,
@@ -14,16 +13,13 @@ is (the Trainer's logging points).
 - ``train_step(batch, lr)`` fuses the three into one jitted call (the Trainer's fast path).
 - The learning rate, the dropout key's ``(seed, step, micro_batch)`` and the clip norm are
   traced arguments, so changing them never recompiles (see :attr:`JaxBackend.trace_counts`),
-  and backends that share model, loss and optimizer share compiled code
-  (:mod:`.compiled`).
+  and backends that share model, loss and optimizer share compiled code (:mod:`.compiled`).
 
-Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
-(the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
-protocols): :meth:`JaxBackend.train_steps` runs k updates in one ``lax.scan``, and, with
-``data_on_device``, :meth:`JaxBackend.set_device_data` +
-:meth:`JaxBackend.train_steps_on_device` keep the training set on the device and gather each
-batch by index inside the compiled loop. Both equal k :meth:`JaxBackend.train_step` calls
-bit for bit on CPU (tested).
+Several updates per call (``TrainerConfig.steps_per_call``; the ``MultiStep`` and
+``DeviceData`` protocols): :meth:`JaxBackend.train_steps` runs k updates in one ``lax.scan``;
+with ``data_on_device``, :meth:`JaxBackend.set_device_data` and ``train_steps_on_device``
+keep the training set on the device and gather each batch by index inside the compiled loop.
+Both equal k :meth:`JaxBackend.train_step` calls bit for bit on CPU (tested).
 
 JAX runs in float32 here: this module never enables x64, which is process-wide and would
 change other code's arrays. Every jitted function is traced under the ``matmul_precision``
@@ -67,6 +63,7 @@ from unitrain.backends.jax.distributed import (
     LocalDevices,
     join_launched_workers,
     launch_command,
+    local_devices_environment,
 )
 from unitrain.backends.jax.model import (
     JaxModel,
@@ -274,6 +271,10 @@ class JaxBackend:
     def launch_command(workers: int) -> list[str]:
         """The launcher that starts ``workers`` local workers (coordinator on 127.0.0.1)."""
         return launch_command(workers)
+
+    # One process over several local devices (unitrain.strategy.LocalDeviceParallel).
+    local_devices_environment = staticmethod(local_devices_environment)
+    local_devices_strategy = staticmethod(LocalDevices)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call.

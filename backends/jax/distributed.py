@@ -37,6 +37,7 @@ __all__ = [
     "LocalDevices",
     "join_launched_workers",
     "launch_command",
+    "local_devices_environment",
     "worker_environment",
 ]
 
@@ -158,6 +159,13 @@ def _unflatten(flat: Any, like: Any) -> Any:
     parts = [flat[end - leaf.size : end] for leaf, end in zip(leaves, ends)]
     shaped = [part.reshape(leaf.shape).astype(leaf.dtype) for part, leaf in zip(parts, leaves)]
     return jax.tree.unflatten(structure, shaped)
+
+
+def local_devices_environment(devices: int) -> dict[str, str]:
+    """``XLA_FLAGS`` for a fresh process in which JAX sees ``devices`` CPU devices (it reads
+    the flag once, when it starts), the other flags kept."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count=" not in f]
+    return {"XLA_FLAGS": " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])}
 
 
 class LocalDevices:

@@ -15,18 +15,15 @@ value leaves parameters and optimizer state untouched and adds one to a device-s
 counter), updates, and zeros the buffers. ``train_step`` fuses the three into one function
 without the buffers.
 
-Several updates per call, which the Trainer uses for ``TrainerConfig.steps_per_call`` > 1
-(the :class:`~unitrain.backend.MultiStep` and :class:`~unitrain.backend.DeviceData`
-protocols): :meth:`TensorFlowBackend.train_steps` runs k updates in one call over batches
-stacked on a new leading axis, and, with ``data_on_device``,
-:meth:`TensorFlowBackend.set_device_data` + :meth:`TensorFlowBackend.train_steps_on_device`
-keep the whole training set on the device and gather each batch by index inside the call.
-Both equal k single ``train_step`` calls.
+Several updates per call (``TrainerConfig.steps_per_call``; the ``MultiStep`` and
+``DeviceData`` protocols): :meth:`TensorFlowBackend.train_steps` runs k updates in one call
+over batches stacked on a new leading axis; with ``data_on_device``, ``set_device_data`` and
+``train_steps_on_device`` keep the whole training set on the device and gather each batch by
+index inside the call. Both equal k single ``train_step`` calls.
 
-Native models are called as ``model(x, training=...)``. Their state-dict names are the
-variables' paths (see :func:`unitrain.backends.tensorflow.tf_model.named_variables`); their
-dropout uses their own random state (a Keras seed generator is a model variable, so it is
-saved and restored with the model), not the ``(seed, step, micro_batch)`` keys of the MLP.
+Native models are called as ``model(x, training=...)``, their state-dict names are the
+variables' paths (:func:`.model.named_variables`), and their dropout uses their own random
+state (a Keras seed generator is a model variable, saved and restored with the model).
 """
 
 from __future__ import annotations
@@ -59,9 +56,11 @@ from unitrain.backends.tensorflow.core import (
     zeros_variable,
 )
 from unitrain.backends.tensorflow.distributed import (
+    LocalDevices,
     TensorFlowDistributed,
     join_launched_workers,
     launch_command,
+    local_devices_environment,
 )
 from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.backends.tensorflow.precision import (
@@ -250,6 +249,10 @@ class TensorFlowBackend(CompiledGraphs):
     def launch_command(workers: int) -> list[str]:
         """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
         return launch_command(workers)
+
+    # One process over several local devices (unitrain.strategy.LocalDeviceParallel).
+    local_devices_environment = staticmethod(local_devices_environment)
+    local_devices_strategy = staticmethod(LocalDevices)
 
     def train_step(self, batch: Batch, lr: float) -> Any:
         """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""

@@ -41,6 +41,7 @@ __all__ = [
     "TensorFlowDistributed",
     "join_launched_workers",
     "launch_command",
+    "local_devices_environment",
     "mirrored_loss_and_grads",
     "worker_environment",
 ]
@@ -151,6 +152,11 @@ class TensorFlowDistributed:
     def barrier(self) -> None:
         """Wait for every worker (an all-reduce every worker must join)."""
         self.all_sum([0.0])
+
+
+def local_devices_environment(devices: int) -> dict[str, str]:
+    """Nothing: :class:`LocalDevices` splits the CPU itself, when made before TensorFlow starts."""
+    return {}
 
 
 class LocalDevices:

@@ -22,10 +22,12 @@ A loss that is each replica's mean under an engine that sums replicas (TF's trap
 second average on top of the engine's (JAX ``shard_map``'s), doubles or halves every
 gradient: both fail the first comparison by orders of magnitude.
 
-One process over several local devices (``LocalDevices`` of JAX and TensorFlow) is not
-driven here: the protocol has no way to ask a backend for such a strategy, which is one
-worker to the Trainer, and its devices must exist before the framework starts, so it needs a
-fresh process set up by the engine's own means (tests/test_local_devices.py does that).
+One process over several local devices (``LocalDevices`` of JAX and TensorFlow: one worker
+to the Trainer, each batch split over the devices inside the step) is checked the same way
+against one device, when the backend offers it (:class:`unitrain.strategy.LocalDeviceParallel`):
+in a fresh process, since devices must often exist before the framework starts, with the
+backend's ``local_devices_environment`` and its strategy made first thing. Dropout is not
+compared there: such a strategy may draw one worker's masks (JAX) or N workers' (TensorFlow).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from unitrain.checkpoint import list_checkpoints, load_checkpoint
 from unitrain.conformance import _workers
 from unitrain.conformance._context import Context
 from unitrain.conformance._registry import check
-from unitrain.strategy import DataParallel
+from unitrain.strategy import DataParallel, LocalDeviceParallel
 
 WORKERS = 2
 #: Two workers run the experiment in every dtype in 10-30 s on a busy 2-core CPU; a hang
@@ -65,34 +68,57 @@ def _run_workers(ctx: Context, out: Path) -> Path:
         strategy = None if isinstance(probe, DataParallel) else WORKERS
         _workers.experiment(ctx.backend.factory, ctx.dtype, out, strategy)
         return out
-    key = (ctx.backend.target, ctx.device)
-    if key not in _LAUNCHED:  # one launch for every dtype: starting workers takes seconds
-        _LAUNCHED[key] = _launch(ctx, launcher)
-    return _LAUNCHED[key] / ctx.dtype
+    return _launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
 
 
-#: Launched runs by (backend target, device), kept until the process exits.
-_LAUNCHED: dict[tuple[str, str], Path] = {}
-
-
-def _launch(ctx: Context, launcher: Any) -> Path:
-    out = Path(tempfile.mkdtemp(prefix="unitrain-data-parallel-"))
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
-    dtypes = ",".join(ctx.backend.capabilities.dtypes)
-    command = [*launcher(WORKERS), "-m", "unitrain.conformance._workers"]
-    command += [ctx.backend.target, dtypes, str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env
+def _run_local_devices(ctx: Context) -> Path:
+    """The experiment in a fresh process on the backend's local-devices strategy."""
+    factory = ctx.backend.factory
+    if not ctx.backend.capabilities.data_parallel or not isinstance(factory, LocalDeviceParallel):
+        ctx.skip(
+            "the backend offers no one-process strategy over local devices (the optional "
+            "local_devices_environment and local_devices_strategy of LocalDeviceParallel)"
         )
-    except subprocess.TimeoutExpired:
-        ctx.require(False, f"{WORKERS} workers did not finish in {LAUNCH_TIMEOUT_S} s")
-    if done.returncode != 0:  # the workers' own errors say more than the launcher's summary
-        errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
-        detail = "\n".join(errors[-6:]) or done.stderr[-1500:]
-        ctx.require(False, f"{WORKERS} workers failed (exit {done.returncode}):\n{detail}")
-    return out
+    environment = factory.local_devices_environment(WORKERS)
+    arguments = [f"--local-devices={WORKERS}"]
+    label = f"one process on {WORKERS} local devices"
+    return _launched(ctx, "local", [sys.executable], arguments, environment, label)
+
+
+#: Launched runs by (kind, backend target, device), kept until the process exits.
+_LAUNCHED: dict[tuple[str, str, str], Path] = {}
+
+
+def _launched(
+    ctx: Context,
+    kind: str,
+    prefix: list[str],
+    arguments: list[str],
+    environment: dict[str, str],
+    label: str,
+) -> Path:
+    """``prefix -m unitrain.conformance._workers`` run once for every dtype (starting a
+    framework takes seconds); this dtype's directory."""
+    key = (kind, ctx.backend.target, ctx.device)
+    if key not in _LAUNCHED:
+        out = Path(tempfile.mkdtemp(prefix=f"unitrain-data-parallel-{kind}-"))
+        atexit.register(shutil.rmtree, out, ignore_errors=True)
+        dtypes = ",".join(ctx.backend.capabilities.dtypes)
+        command = [*prefix, "-m", "unitrain.conformance._workers", *arguments]
+        command += [ctx.backend.target, dtypes, str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **environment}
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env
+            )
+        except subprocess.TimeoutExpired:
+            ctx.require(False, f"{label} did not finish in {LAUNCH_TIMEOUT_S} s")
+        if done.returncode != 0:  # the workers' own errors say more than a launcher's summary
+            errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
+            detail = "\n".join(errors[-6:]) or done.stderr[-1500:]
+            ctx.require(False, f"{label} failed (exit {done.returncode}):\n{detail}")
+        _LAUNCHED[key] = out
+    return _LAUNCHED[key] / ctx.dtype
 
 
 _ERROR = re.compile(r"(Error|Exception|Signal \d+|exitcode)\b")
@@ -178,3 +204,28 @@ def workers_draw_the_oracles_dropout(ctx: Context) -> None:
         _history(outcome),
         [(row["epoch"], row["step"], row["lr"]) for row in oracle.history],
     )
+
+
+@check(
+    "data_parallel",
+    "local_devices_match_global_batch",
+    guards="replicas of one process whose gradients are averaged where the engine sums them "
+    "(MirroredStrategy with each replica's mean loss) or summed twice, a resume that depends "
+    "on the device count",
+)
+def local_devices_match_global_batch(ctx: Context) -> None:
+    """One process on 2 local devices equals 1 device with the same batch; resume exact."""
+    if ctx.device != "cpu":
+        ctx.skip("the kit splits the CPU into local devices only")
+    spread = _run_local_devices(ctx)
+    single = ctx.path("single")
+    _workers.experiment(ctx.backend.factory, ctx.dtype, single, 1, local_devices=True)
+    state, outcome = _workers.read_result(spread / "a")
+    reference, reference_outcome = _workers.read_result(single / "a")
+    ctx.compare("final state, 2 local devices vs 1", state, reference, "step")
+    ctx.require_equal(
+        "epochs, steps and LRs (early stopping)", _history(outcome), _history(reference_outcome)
+    )
+    resumed, resumed_outcome = _workers.read_result(spread / "b")
+    ctx.require_identical("2 local devices resumed on 2 vs uninterrupted", resumed, state)
+    ctx.require_equal("resumed history", _history(resumed_outcome), _history(outcome))

@@ -159,9 +159,12 @@ def _main(arguments: list[str]) -> None:
     local = None
     if arguments[0].startswith("--local-devices="):
         from unitrain.registry import get_backend
+        from unitrain.strategy import LocalDeviceParallel
 
         devices = int(arguments.pop(0).partition("=")[2])
-        local = get_backend(arguments[0]).local_devices_strategy(devices)  # before all else
+        factory = get_backend(arguments[0])
+        assert isinstance(factory, LocalDeviceParallel), factory  # the kit checked it
+        local = factory.local_devices_strategy(devices)  # before anything else
     # One launch runs every dtype asked for (comma-separated): starting workers costs seconds.
     target, dtype_names, output = arguments
     for dtype_name in dtype_names.split(","):

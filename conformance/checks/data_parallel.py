@@ -12,8 +12,7 @@ Against one worker with the global batch:
   epoch, the epochs run and the early-stopping decision are identical;
 - only rank 0 wrote: the log has one line per epoch, every checkpoint is valid;
 - the same worker count resumes bit-identically; one worker resumes the two-worker
-  checkpoint and ends as an uninterrupted one-worker run does (within tolerance).
-
+  checkpoint and ends as an uninterrupted one-worker run does (within tolerance);
 - with dropout, two workers draw the masks two simulated workers draw (each slice keyed by
   its place in the oracle's order), so the final weights agree within the same tolerance; every
   worker numbering its slices from 0 repeats worker 0's masks and fails by orders of magnitude.

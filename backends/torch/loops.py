@@ -33,13 +33,17 @@ class UpdateLoops:
     if TYPE_CHECKING:  # the backend's own, used here
 
         def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
+        def forward(self, batch: Batch) -> torch.Tensor: ...
         def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
         def backward(self, scale: float = 1.0) -> None: ...
         def step(self, lr: float) -> None: ...
 
     def train_step(self, batch: Batch, lr: float) -> torch.Tensor:
-        """Equal to ``forward(batch); backward(); step(lr)``; returns the loss (no host sync)."""
-        return self._update_on(*self._tensors(batch), float(lr))
+        """``forward(batch); backward(); step(lr)``; returns the loss (no host sync)."""
+        loss = self.forward(batch)
+        self.backward()
+        self.step(lr)
+        return loss
 
     def train_steps(self, batches: Batch, lrs: Any) -> torch.Tensor:
         """``k`` updates, equal to ``k`` :meth:`train_step` calls.
@@ -92,6 +96,7 @@ class UpdateLoops:
         )
 
     def _update_on(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+        """One update on tensors already converted and checked (once for the whole call)."""
         loss = self._forward_tensors(x, y)
         self.backward()
         self.step(lr)

@@ -14,7 +14,9 @@ CUDA GPU and no network. For each backend given (default: torch and jax):
 4. speed (``benchmarks/gpu_bench.py``, unless ``--no-bench``): unitrain against native loops
    at equal precision, and mixed precision against float32, for the torch and jax backends
    given; ``bench.jsonl`` holds every line, the table the comparisons with issue 14's targets
-   (unitrain / native <= 1.03; bf16-mixed on W3 at least 2x float32 "highest").
+   (unitrain / native <= 1.03; bf16-mixed on W3 at least 2x float32 "highest"). The bench
+   reads its own environment variables: ``DEVICE_DATA=1`` adds unitrain with the training
+   set on the GPU, ``REPS``, ``ONLY`` and the rest are in its module doc.
 
 Writes ``summary.json`` and ``summary.md`` to the output directory and prints the table.
 Exits non-zero if anything failed.
@@ -173,7 +175,8 @@ def bench(backends: list[str], out: Path, device: str) -> dict:
     verdicts = []
     for row in (line for line in lines if "unitrain_over_native" in line):
         ratio, speedup = row["unitrain_over_native"], row["speedup_over_float32_highest"]
-        label = f"{row['fw']} {row['workload']} {row['matmul_precision']}/{row['precision']}"
+        label = f"{row['fw']} {row['workload']} {row['method']} "
+        label += f"{row['matmul_precision']}/{row['precision']}"
         parts = (
             []
             if ratio is None

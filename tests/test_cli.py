@@ -153,6 +153,42 @@ def test_ctrl_c_finishes_the_save_and_prints_one_line_to_resume(tmp_path):
     assert named[1].endswith(f"--out {out} --resume latest")
 
 
+def _interrupted_run(out: Path, delay: float) -> tuple[int | str, str]:
+    """Start training, send SIGINT ``delay`` s after the first checkpoint; the exit status
+    and stderr, or ``"hang"`` (and every thread's stack, from faulthandler) after 30 s."""
+    command = [sys.executable, "-m", "unitrain.cli", "train", "--backend", "numpy"]
+    command += ["--epochs", "500", "--set", "callbacks.0.patience=1000", "--out", str(out)]
+    environment = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=30)
+        return process.returncode, stderr
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # faulthandler prints where each thread waits
+        return "hang", process.communicate(timeout=30)[1]
+
+
+@pytest.mark.slow  # 40 interrupted runs, 4 at a time: about 30 s
+def test_ctrl_c_at_any_moment_exits_and_never_hangs(tmp_path):
+    """Interrupts landing all over the loop. With the TensorBoard logger on tensorboardX's
+    SummaryWriter, a run hung at exit in its queue; this test caught it in 1 of 2 tries."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        runs = [
+            pool.submit(_interrupted_run, tmp_path / f"r{i}", 0.05 * (i % 7)) for i in range(40)
+        ]
+        outcomes = [run.result() for run in runs]
+    for status, stderr in outcomes:
+        assert status == 130, stderr[-4000:]
+        assert stderr.count("\n") == 1 and "resume with:" in stderr, stderr
+
+
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "unitrain.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)

@@ -62,13 +62,16 @@ def targets(results: dict[str, Any]) -> list[Target]:
             ratio = ratio_between(
                 speed, "W2", f"{backend}/unitrain_multistep", f"{backend}/native_device"
             )
+            # JAX and TensorFlow compile k updates into one call, which must beat one call per
+            # update; eager torch makes the same calls as the native loop: parity is the bar.
+            eager = backend == "torch"
             found.append(
                 Target(
                     "unitrain multi-step + data on device / native one step per call on device",
                     f"W2 {backend}",
                     ratio,
-                    1.0,
-                    strict=True,
+                    1.05 if eager else 1.0,
+                    strict=not eager,
                 )
             )
         for workload in ("W1", "W2"):

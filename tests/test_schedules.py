@@ -596,7 +596,7 @@ def test_from_json_rejects_invalid_json() -> None:
 def test_type_names_are_unique_and_registered() -> None:
     names = [cls.type_name for cls in SCHEDULE_CLASSES]
     assert len(set(names)) == len(names) == 12
-    assert sorted(names) == sorted(schedules_module._base._REGISTRY)
+    assert sorted(names) == sorted(schedules_module._base._REGISTRY.types())
 
 
 def test_the_readme_counts_the_schedules_there_are() -> None:

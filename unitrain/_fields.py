@@ -1,14 +1,60 @@
-"""The field check shared by every type registry that rebuilds a dataclass from a dict."""
+"""The type registry shared by optimizers, schedules and layers: dataclasses that name
+themselves in their class statement and are rebuilt from ``{"type": name, **fields}``."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from unitrain._errors import ConfigError
 
-__all__ = ["check_fields"]
+__all__ = ["TypeRegistry", "check_fields"]
+
+_T = TypeVar("_T")
+
+
+class TypeRegistry(Generic[_T]):
+    """One family's classes by type name (``"sgd"``, ``"cosine_decay"``, ``"conv2d"``).
+
+    A family's base class calls :meth:`register` from ``__init_subclass__``, and its
+    ``from_dict`` calls :meth:`lookup` for the class and the checked fields.
+
+    Args:
+        family: how messages name the family's types (``"optimizer"``, ...).
+    """
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._types: dict[str, type[_T]] = {}
+
+    def register(self, cls: type[_T], type_name: str) -> None:
+        """Record ``cls`` under ``type_name`` and set its ``type_name`` attribute."""
+        if type_name in self._types:
+            raise TypeError(f"{self.family} type name {type_name!r} is already taken")
+        cls.type_name = type_name  # type: ignore[attr-defined]
+        self._types[type_name] = cls
+
+    def types(self) -> dict[str, type[_T]]:
+        """The registered classes by type name (a copy)."""
+        return dict(self._types)
+
+    def lookup(self, data: Any, caller: str) -> tuple[type[_T], dict[str, Any]]:
+        """The class ``data["type"]`` names and ``data``'s other entries, both checked.
+
+        Raises:
+            ConfigError: ``data`` is not a dict, its type is unknown, or a field is missing
+                or unknown (``caller`` names the function in the first message).
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{caller}: expected a dict with a 'type' key, got {data!r}")
+        name = data.get("type")
+        if not isinstance(name, str) or name not in self._types:
+            known = ", ".join(sorted(self._types))
+            raise ConfigError(f"unknown {self.family} type {name!r}; known types: {known}")
+        cls = self._types[name]
+        check_fields(cls, data, f"{self.family} type {name!r}")
+        return cls, {key: value for key, value in data.items() if key != "type"}
 
 
 def check_fields(cls: type, data: Mapping[str, Any], what: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unitrain._errors import ConfigError, DataError
-from unitrain._fields import check_fields
+from unitrain._fields import TypeRegistry
 
 __all__ = [
     "AbstractLayer",
@@ -37,7 +37,7 @@ __all__ = [
 #: The shape of one example (no batch axis), e.g. ``(8, 8, 1)`` for an 8x8 grey image.
 Shape = tuple[int, ...]
 
-_REGISTRY: dict[str, type[AbstractLayer]] = {}
+_REGISTRY: TypeRegistry[AbstractLayer] = TypeRegistry("model")
 
 
 class AbstractLayer(abc.ABC):
@@ -56,12 +56,8 @@ class AbstractLayer(abc.ABC):
 
     def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if type_name is None:
-            return
-        if type_name in _REGISTRY:
-            raise TypeError(f"layer type name {type_name!r} is already taken")
-        cls.type_name = type_name
-        _REGISTRY[type_name] = cls
+        if type_name is not None:
+            _REGISTRY.register(cls, type_name)
 
     # -- what a subclass describes -------------------------------------------------------------
 
@@ -266,15 +262,8 @@ def layer_from_dict(data: Mapping[str, Any]) -> AbstractLayer:
     Raises:
         ConfigError: the type is unknown, a field is missing or unknown, or a value is bad.
     """
-    known = ", ".join(sorted(_REGISTRY))
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"model_from_dict: expected a dict with a 'type' key, got {data!r}")
-    name = data.get("type")
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ConfigError(f"unknown model type {name!r}; known types: {known}")
-    cls = _REGISTRY[name]
-    check_fields(cls, data, f"model type {name!r}")
-    return cls(**{key: _from_plain(value) for key, value in data.items() if key != "type"})
+    cls, fields = _REGISTRY.lookup(data, "model_from_dict")
+    return cls(**{key: _from_plain(value) for key, value in fields.items()})
 
 
 # Argument checks. Each returns the value normalised to a plain Python type, so that to_dict

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from unitrain._errors import ConfigError
-from unitrain._fields import check_fields
+from unitrain._fields import TypeRegistry
 
 __all__ = [
     "CLIP_EPSILON",
@@ -39,7 +39,7 @@ __all__ = [
 #: Added to the global norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
 CLIP_EPSILON = 1e-6
 
-_REGISTRY: dict[str, type[AbstractOptimizer]] = {}
+_REGISTRY: TypeRegistry[AbstractOptimizer] = TypeRegistry("optimizer")
 _Implementation = TypeVar("_Implementation")
 
 
@@ -57,12 +57,8 @@ class AbstractOptimizer(abc.ABC):
 
     def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if type_name is None:
-            return
-        if type_name in _REGISTRY:
-            raise TypeError(f"optimizer type name {type_name!r} is already taken")
-        cls.type_name = type_name
-        _REGISTRY[type_name] = cls
+        if type_name is not None:
+            _REGISTRY.register(cls, type_name)
 
     @property
     @abc.abstractmethod
@@ -119,7 +115,7 @@ def optimizer_types() -> dict[str, type[AbstractOptimizer]]:
         >>> optimizer_types()["sgd"].__name__
         'SGD'
     """
-    return dict(_REGISTRY)
+    return _REGISTRY.types()
 
 
 def optimizer_from_dict(data: Mapping[str, Any]) -> AbstractOptimizer:
@@ -139,14 +135,8 @@ def optimizer_from_dict(data: Mapping[str, Any]) -> AbstractOptimizer:
         >>> optimizer_from_dict(SGD(momentum=0.5).to_dict())
         SGD(momentum=0.5, nesterov=False, weight_decay=0.0)
     """
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"optimizer_from_dict: expected a dict with a 'type' key, got {data!r}")
-    name = data.get("type")
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ConfigError(f"unknown optimizer type {name!r}; known: {sorted(_REGISTRY)}")
-    cls = _REGISTRY[name]
-    check_fields(cls, data, f"optimizer type {name!r}")
-    return cls(**{key: value for key, value in data.items() if key != "type"})
+    cls, fields = _REGISTRY.lookup(data, "optimizer_from_dict")
+    return cls(**fields)
 
 
 def implementation(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from unitrain._errors import ConfigError
-from unitrain._fields import check_fields
+from unitrain._fields import TypeRegistry
 
 __all__ = [
     "AbstractSchedule",
@@ -28,7 +28,7 @@ __all__ = [
     "to_json",
 ]
 
-_REGISTRY: dict[str, type[AbstractSchedule]] = {}
+_REGISTRY: TypeRegistry[AbstractSchedule] = TypeRegistry("schedule")
 
 
 class AbstractSchedule(abc.ABC):
@@ -43,12 +43,8 @@ class AbstractSchedule(abc.ABC):
 
     def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if type_name is None:
-            return
-        if type_name in _REGISTRY:
-            raise TypeError(f"schedule type name {type_name!r} is already taken")
-        cls.type_name = type_name
-        _REGISTRY[type_name] = cls
+        if type_name is not None:
+            _REGISTRY.register(cls, type_name)
 
     def __call__(self, step: int) -> float:
         """Return the learning rate for update ``step`` (0 for the first update)."""
@@ -119,16 +115,8 @@ def from_dict(data: Mapping[str, Any]) -> AbstractSchedule:
         >>> from_dict({"type": "constant", "lr": 0.1})
         Constant(lr=0.1)
     """
-    known = ", ".join(sorted(_REGISTRY))
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"from_dict: expected a dict with a 'type' key, got {data!r}")
-    name = data.get("type")
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ConfigError(f"from_dict: unknown schedule type {name!r}; known types: {known}")
-    cls = _REGISTRY[name]
-    check_fields(cls, data, f"from_dict: schedule type {name!r}")
-    kwargs = {key: _from_plain(value) for key, value in data.items() if key != "type"}
-    return cls(**kwargs)
+    cls, fields = _REGISTRY.lookup(data, "from_dict")
+    return cls(**{key: _from_plain(value) for key, value in fields.items()})
 
 
 def to_json(schedule: AbstractSchedule) -> str:

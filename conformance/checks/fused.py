@@ -83,6 +83,17 @@ def train_step_clipped(ctx: Context) -> None:
     ctx.compare(f"state after {len(LRS)} updates", fused.state_dict(), plain.state_dict(), "step")
 
 
+def _against_single_steps(ctx: Context, many: Any, rows: np.ndarray, losses: Any) -> None:
+    """Compare ``many``'s losses and state after updates on ``rows`` (one row of example
+    indices per update, at :data:`LRS`) with single ``train_step`` calls of a fresh backend."""
+    x, y = classifier_data(ctx)
+    single = ctx.make(classifier(dropout=0.25), optimizer=optim.SGD(momentum=0.9))
+    expected = [float(single.train_step((x[r], y[r]), lr)) for r, lr in zip(rows, LRS)]
+    losses = np.asarray(losses, np.float64).ravel()
+    ctx.compare("losses returned", losses, expected, "step")
+    ctx.compare(f"state after {len(LRS)} updates", many.state_dict(), single.state_dict(), "step")
+
+
 @check(
     "fused",
     "steps_per_call",
@@ -90,18 +101,12 @@ def train_step_clipped(ctx: Context) -> None:
 )
 def steps_per_call(ctx: Context) -> None:
     """train_steps(batches, lrs) equals as many single train_step calls."""
-    model = classifier(dropout=0.25)
-    multi = _fused(ctx, model, optimizer=optim.SGD(momentum=0.9))
+    multi = _fused(ctx, classifier(dropout=0.25), optimizer=optim.SGD(momentum=0.9))
     if not isinstance(multi, MultiStep):
         ctx.skip("the backend offers no train_steps(batches, lrs) (the MultiStep protocol)")
-    single = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
     x, y = classifier_data(ctx)
-    k = len(LRS)
-    xs, ys = x[: 8 * k].reshape(k, 8, -1), y[: 8 * k].reshape(k, 8)
-    losses = np.asarray(multi.train_steps((xs, ys), np.asarray(LRS)), np.float64)
-    expected = [float(single.train_step((xs[i], ys[i]), lr)) for i, lr in enumerate(LRS)]
-    ctx.compare("losses returned", losses.ravel(), expected, "step")
-    ctx.compare(f"state after {k} updates", multi.state_dict(), single.state_dict(), "step")
+    rows = np.arange(8 * len(LRS)).reshape(len(LRS), 8)
+    _against_single_steps(ctx, multi, rows, multi.train_steps((x[rows], y[rows]), np.asarray(LRS)))
 
 
 @check(
@@ -112,16 +117,11 @@ def steps_per_call(ctx: Context) -> None:
 )
 def steps_on_device(ctx: Context) -> None:
     """train_steps_on_device(indices, lrs) equals single train_step calls on those rows."""
-    model = classifier(dropout=0.25)
-    on_device = _fused(ctx, model, optimizer=optim.SGD(momentum=0.9))
+    on_device = _fused(ctx, classifier(dropout=0.25), optimizer=optim.SGD(momentum=0.9))
     if not isinstance(on_device, DeviceData):
         ctx.skip("the backend keeps no data on the device (the optional DeviceData protocol)")
-    single = ctx.make(model, optimizer=optim.SGD(momentum=0.9))
     x, y = classifier_data(ctx)
-    k = len(LRS)
-    rows = np.random.default_rng(5).permutation(len(x))[: 8 * k].reshape(k, 8)
+    rows = np.random.default_rng(5).permutation(len(x))[: 8 * len(LRS)].reshape(len(LRS), 8)
     on_device.set_device_data(x, y)
-    losses = np.asarray(on_device.train_steps_on_device(rows, np.asarray(LRS)), np.float64)
-    expected = [float(single.train_step((x[r], y[r]), lr)) for r, lr in zip(rows, LRS)]
-    ctx.compare("losses returned", losses.ravel(), expected, "step")
-    ctx.compare(f"state after {k} updates", on_device.state_dict(), single.state_dict(), "step")
+    losses = on_device.train_steps_on_device(rows, np.asarray(LRS))
+    _against_single_steps(ctx, on_device, rows, losses)

@@ -133,6 +133,25 @@ def _history(outcome: dict[str, Any]) -> list[tuple[int, int, float]]:
     return [(row["epoch"], row["step"], row["lr"]) for row in outcome["history"]]
 
 
+def _against_one(ctx: Context, runs: Path, single: Path, spread: str, one: str) -> tuple[Any, ...]:
+    """Hold run ``a`` of ``runs`` to run ``a`` of ``single`` (final state within tolerance,
+    the same epochs, steps and LRs) and its resumed run ``b`` to run ``a`` bit for bit.
+
+    Returns:
+        Run ``a``'s outcome, and the single run's final state and outcome.
+    """
+    state, outcome = _workers.read_result(runs / "a")
+    reference, reference_outcome = _workers.read_result(single / "a")
+    ctx.compare(f"final state, {spread} vs {one}", state, reference, "step")
+    ctx.require_equal(
+        "epochs, steps and LRs (early stopping)", _history(outcome), _history(reference_outcome)
+    )
+    resumed, resumed_outcome = _workers.read_result(runs / "b")
+    ctx.require_identical(f"{spread} resumed on as many vs uninterrupted", resumed, state)
+    ctx.require_equal("resumed history", _history(resumed_outcome), _history(outcome))
+    return outcome, reference, reference_outcome
+
+
 @check(
     "data_parallel",
     "workers_match_global_batch",
@@ -145,22 +164,15 @@ def workers_match_global_batch(ctx: Context) -> None:
         ctx.skip("the kit launches data-parallel workers on the CPU only")
     parallel, single = _run_workers(ctx, ctx.path("workers")), ctx.path("single")
     _workers.experiment(ctx.backend.factory, ctx.dtype, single, strategy=1)
-    state, outcome = _workers.read_result(parallel / "a")
-    reference, reference_outcome = _workers.read_result(single / "a")
-    ctx.require_equal("workers that took part", outcome["world_size"], WORKERS)
-    ctx.compare("final state, 2 workers vs 1 with the global batch", state, reference, "step")
-    ctx.require_equal(
-        "epochs, steps and LRs (early stopping)", _history(outcome), _history(reference_outcome)
+    outcome, reference, reference_outcome = _against_one(
+        ctx, parallel, single, f"{WORKERS} workers", "1 with the global batch"
     )
+    ctx.require_equal("workers that took part", outcome["world_size"], WORKERS)
 
     lines = (parallel / "a" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     ctx.require_equal("log lines (one writer)", len(lines), len(outcome["history"]))
     for path in list_checkpoints(parallel / "a" / "checkpoints"):
         load_checkpoint(path)  # raises on a torn or doubly written checkpoint
-
-    resumed, resumed_outcome = _workers.read_result(parallel / "b")
-    ctx.require_identical("2 workers resumed on 2 workers vs uninterrupted", resumed, state)
-    ctx.require_equal("resumed history", _history(resumed_outcome), _history(outcome))
 
     checkpoint = _workers.resume_point(parallel / "a")
     one = _workers.train(ctx.backend.factory, ctx.dtype, ctx.path("one"), 1, resume=checkpoint)
@@ -201,7 +213,7 @@ def workers_draw_the_oracles_dropout(ctx: Context) -> None:
     ctx.require_equal(
         "epochs, steps and LRs with dropout (early stopping)",
         _history(outcome),
-        [(row["epoch"], row["step"], row["lr"]) for row in oracle.history],
+        _history({"history": oracle.history}),
     )
 
 
@@ -216,15 +228,6 @@ def local_devices_match_global_batch(ctx: Context) -> None:
     """One process on 2 local devices equals 1 device with the same batch; resume exact."""
     if ctx.device != "cpu":
         ctx.skip("the kit splits the CPU into local devices only")
-    spread = _run_local_devices(ctx)
-    single = ctx.path("single")
+    spread, single = _run_local_devices(ctx), ctx.path("single")
     _workers.experiment(ctx.backend.factory, ctx.dtype, single, 1, local_devices=True)
-    state, outcome = _workers.read_result(spread / "a")
-    reference, reference_outcome = _workers.read_result(single / "a")
-    ctx.compare("final state, 2 local devices vs 1", state, reference, "step")
-    ctx.require_equal(
-        "epochs, steps and LRs (early stopping)", _history(outcome), _history(reference_outcome)
-    )
-    resumed, resumed_outcome = _workers.read_result(spread / "b")
-    ctx.require_identical("2 local devices resumed on 2 vs uninterrupted", resumed, state)
-    ctx.require_equal("resumed history", _history(resumed_outcome), _history(outcome))
+    _against_one(ctx, spread, single, f"{WORKERS} local devices", "1")

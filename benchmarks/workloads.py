@@ -12,7 +12,15 @@ import functools
 
 import numpy as np
 
-__all__ = ["LEARNING_RATE", "MOMENTUM", "SEED", "WORKLOADS", "Workload", "make_data"]
+__all__ = [
+    "LEARNING_RATE",
+    "MOMENTUM",
+    "SEED",
+    "WORKLOADS",
+    "Workload",
+    "make_data",
+    "torch_inputs",
+]
 
 #: SGD with momentum 0.9 at a constant learning rate, softmax cross-entropy, for every method.
 LEARNING_RATE = 0.01
@@ -120,7 +128,14 @@ def make_data(workload: Workload, seed: int = SEED) -> tuple[np.ndarray, np.ndar
     """
     if workload.kind == "transformer":  # consecutive windows; the targets are the next ids
         length = workload.input_shape[0]
-        ids = corpus()[0][: workload.num_examples * length + 1]
+        needed, text = workload.num_examples * length + 1, corpus()[0]
+        if needed > len(text):
+            raise ValueError(
+                f"{workload.name}: {workload.num_examples} windows of {length} tokens need "
+                f"{needed:,} characters and the corpus has {len(text):,}; use fewer steps, "
+                "a smaller batch or shorter windows"
+            )
+        ids = text[:needed]
         rows = np.arange(workload.num_examples)[:, None] * length + np.arange(length + 1)
         return ids[rows][:, :-1].copy(), ids[rows][:, 1:].copy()
     rng = np.random.default_rng([seed, workload.num_examples])
@@ -128,4 +143,12 @@ def make_data(workload: Workload, seed: int = SEED) -> tuple[np.ndarray, np.ndar
     flat = x.reshape(len(x), -1)
     teacher = rng.standard_normal((flat.shape[1], workload.classes), dtype=np.float32)
     y = np.argmax(flat @ teacher, axis=1).astype(np.int64)
+    return x, y
+
+
+def torch_inputs(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """The workload's data laid out for native torch models (images channels-first)."""
+    x, y = make_data(workload)
+    if workload.kind in ("cnn", "lenet"):
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     return x, y

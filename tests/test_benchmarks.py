@@ -82,9 +82,8 @@ def test_the_paper_workloads_native_model_is_the_portable_one(name: str) -> None
     import numpy as np
     import torch
 
-    from benchmarks.methods.torch_native import torch_inputs
     from benchmarks.paper_models import portable_model, torch_model
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.workloads import WORKLOADS, torch_inputs
 
     workload = WORKLOADS[name]
     portable, native = portable_model(workload), torch_model(workload)
@@ -97,3 +96,46 @@ def test_the_paper_workloads_native_model_is_the_portable_one(name: str) -> None
         out = native(torch.from_numpy(x[:4]))
     assert tuple(out.shape) == (4, *portable.output_shape(workload.input_shape))
     assert out.shape[-1] == workload.classes and y.max() < workload.classes
+
+
+def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GPU benchmark is only ever run on a lent GPU, where a crash costs scarce device
+    time: every workload kind, precision variant and optional method runs here, on the CPU,
+    with tiny shapes, and each unitrain row gets its comparisons."""
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.gpu_bench as bench
+    from benchmarks.workloads import Workload
+
+    tiny = {
+        "mlp": Workload("mlp", "mlp", (8, 16, 4), (8,), 8, 3, 2, 2),
+        "lenet": Workload("lenet", "lenet", (2, 4, 8, 8, 4), (8, 8, 1), 8, 3, 2, 2),
+        "transformer": Workload("transformer", "transformer", (8, 1, 2), (6,), 4, 3, 2, 2),
+    }
+    monkeypatch.setattr(bench, "WORKLOADS", tiny)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "EPOCHS", 2)
+    for name, value in {"ONLY": ",".join(tiny), "REPS": "1", "DEVICE_DATA": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NONDETERMINISTIC", "1")
+    bench.main(["torch", "jax"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    timed = {(r["fw"], r["workload"], r["method"], r["precision"]) for r in lines if "min_us" in r}
+    for fw in ("torch", "jax"):
+        for name in tiny:
+            for precision in ("32", "bf16-mixed"):
+                for method in ("native", "unitrain", "unitrain_device_data"):
+                    assert (fw, name, method, precision) in timed
+            assert (fw, name, "unitrain", "16-mixed") in timed
+            assert (fw, name, "unitrain_nondeterministic", "32") in timed
+    compared = [r for r in lines if "speedup_over_float32_highest" in r]
+    # Per framework and workload: the 4 variants, deterministic=False at float32 "highest",
+    # and the training set on the device at both float32 precisions and bf16-mixed.
+    assert len(compared) == 2 * 3 * (4 + 1 + 3)
+    for row in compared:
+        assert row["speedup_over_float32_highest"] > 0
+        has_native = row["precision"] != "16-mixed"
+        assert (row["unitrain_over_native"] is not None) == has_native, row

@@ -18,9 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.methods import Gate
-from benchmarks.methods.torch_native import torch_inputs
 from benchmarks.models import torch_model
-from benchmarks.workloads import LEARNING_RATE, MOMENTUM, SEED, Workload
+from benchmarks.workloads import LEARNING_RATE, MOMENTUM, SEED, Workload, torch_inputs
 
 __all__ = ["train"]
 

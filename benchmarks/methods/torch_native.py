@@ -20,17 +20,9 @@ import torch.nn.functional as F
 
 from benchmarks.methods import Gate
 from benchmarks.models import torch_model
-from benchmarks.workloads import LEARNING_RATE, MOMENTUM, SEED, Workload, make_data
+from benchmarks.workloads import LEARNING_RATE, MOMENTUM, SEED, Workload, torch_inputs
 
-__all__ = ["torch_inputs", "train"]
-
-
-def torch_inputs(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
-    """The workload's data laid out for torch (images channels-first, made once)."""
-    x, y = make_data(workload)
-    if workload.kind in ("cnn", "lenet"):
-        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-    return x, y
+__all__ = ["train"]
 
 
 def train(workload: Workload, backend: str, variant: str, gate: Gate) -> None:

@@ -55,9 +55,15 @@ def native_model(workload: Workload, backend: str) -> Any:
 
 
 def build_trainer(
-    workload: Workload, backend: str, variant: str, epochs: int, callbacks: list[Any]
+    workload: Workload,
+    backend: str,
+    variant: str,
+    epochs: int,
+    callbacks: list[Any],
+    **config: Any,
 ) -> Any:
-    """The Trainer of this benchmark."""
+    """The Trainer of this benchmark; ``config`` adds :class:`unitrain.TrainerConfig` fields
+    (the GPU benchmark's device and precision)."""
     from benchmarks import paper_models
     from unitrain import Trainer, TrainerConfig, models, optim, schedules
 
@@ -78,7 +84,9 @@ def build_trainer(
         optimizer=optim.SGD(momentum=MOMENTUM),
         schedule=schedules.Constant(LEARNING_RATE),
         callbacks=callbacks,
-        config=TrainerConfig(epochs=epochs, batch_size=workload.batch_size, seed=SEED, **options),
+        config=TrainerConfig(
+            epochs=epochs, batch_size=workload.batch_size, seed=SEED, **options, **config
+        ),
     )
 
 

@@ -34,14 +34,22 @@ def test_defaults_follow_the_issue():
     ("field", "value", "message"),
     [
         ("matmul_precision", "tf32", "matmul_precision must be one of"),
-        ("precision", 16, "Lightning's names"),
-        ("precision", "bf16", "precision must be one of"),
+        ("precision", 16, "for 16 write '16-mixed'"),
+        ("precision", "bf16", "for 'bf16' write 'bf16-mixed'"),
+        ("precision", 64, "for 64 write dtype='float64' with precision '32'"),
+        ("precision", True, r"precision must be one of .*got True$"),
+        ("precision", "32-bit", r"precision must be one of .*got '32-bit'$"),
         ("loss_scaler", 2.0**16, "loss_scaler must be a unitrain.precision.LossScaler"),
     ],
 )
 def test_bad_precision_settings_are_refused(field, value, message):
     with pytest.raises(ConfigError, match=message):
         TrainerConfig(**{field: value})
+
+
+def test_precision_32_may_be_written_as_a_number():
+    """What a TOML recipe or ``--set config.precision=32`` gives (Lightning accepts it too)."""
+    assert TrainerConfig(precision=32).precision == "32"
 
 
 def test_mixed_precision_needs_float32_master_weights():

@@ -66,9 +66,11 @@ def test_overrides_change_config_nested_parts_and_list_items():
             "schedule.schedule.base_lr=0.05",
             "callbacks.0.patience=7",
             "model.sizes=[64, 32, 10]",
+            "config.precision=32",  # a TOML integer: the precision "32"
         ],
     )
     assert recipe.config.epochs == 2 and recipe.config.device == "cpu"
+    assert recipe.config.precision == "32"
     assert recipe.schedule.schedule.base_lr == 0.05
     assert recipe.callbacks[0].patience == 7
     assert recipe.model.sizes == (64, 32, 10)

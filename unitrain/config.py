@@ -44,8 +44,9 @@ class TrainerConfig:
         matmul_precision: ``"highest"`` (float32 matmuls in float32: the same numbers on every
             backend), ``"high"`` (TF32 on NVIDIA GPUs) or ``"medium"`` (bfloat16 passes); see
             :mod:`unitrain.precision`. No effect on a CPU.
-        precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (Lightning's names): float32
-            master weights and optimizer state, forward and backward in the low precision.
+        precision: ``"32"`` (or the number 32), ``"bf16-mixed"`` or ``"16-mixed"``
+            (Lightning's names): float32 master weights and optimizer state, forward and
+            backward in the low precision.
         loss_scaler: the dynamic loss-scaling rule of ``"16-mixed"``.
         log_every_n_steps: how often running metrics are read back to the host.
         val_every_n_epochs: validate after every n-th epoch (and after the last).
@@ -85,7 +86,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)
-        check_precision(self.precision)
+        object.__setattr__(self, "precision", check_precision(self.precision))
         if not isinstance(self.loss_scaler, LossScaler):
             raise ConfigError(
                 "TrainerConfig: loss_scaler must be a unitrain.precision.LossScaler, "

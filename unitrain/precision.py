@@ -69,10 +69,30 @@ def check_matmul_precision(value: Any) -> str:
     return str(value)
 
 
+#: Other spellings of a precision (Lightning's older names among them) and what to write.
+_RENAMED = {
+    "16": "'16-mixed'",
+    "fp16": "'16-mixed'",
+    "bf16": "'bf16-mixed'",
+    "32-true": "'32'",
+    "64": "dtype='float64' with precision '32'",
+    "64-true": "dtype='float64' with precision '32'",
+}
+
+
 def check_precision(value: Any) -> str:
-    """Return ``value`` if it names a precision, else raise a ConfigError saying which do."""
+    """``value`` as a precision name, else a ConfigError saying which names there are.
+
+    The integer 32 (as a TOML recipe or ``--set config.precision=32`` writes it) is "32".
+    Examples:
+        >>> check_precision(32), check_precision("bf16-mixed")
+        ('32', 'bf16-mixed')
+    """
+    if value == 32 and not isinstance(value, bool):
+        return "32"
     if value not in PRECISIONS:
-        hint = " (Lightning's names: write '16-mixed', not 16 or 'fp16')" if value != "" else ""
+        renamed = _RENAMED.get(str(value))
+        hint = f"; for {value!r} write {renamed}" if renamed else ""
         raise ConfigError(f"precision must be one of {PRECISIONS}, got {value!r}{hint}")
     return str(value)
 

@@ -19,6 +19,11 @@ CUDA GPU and no network. For each backend given (default: torch and jax):
    reads its own environment variables: ``DEVICE_DATA=1`` adds unitrain with the training
    set on the GPU, ``REPS``, ``ONLY`` and the rest are in its module doc.
 
+5. precision agreement: the default recipe for 4 epochs per backend at "highest", "high"
+   (TF32) and bf16-mixed on the GPU, the final parameters against the numpy backend's float64
+   run on the CPU and the backends against each other: how far whole runs drift under each
+   setting (a measurement, with no bar).
+
 Writes ``summary.json`` and ``summary.md`` to the output directory and prints the table.
 Exits non-zero if anything failed.
 """
@@ -34,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -132,6 +138,62 @@ def resume(backend: str, device: str) -> dict:
     }
 
 
+#: (matmul_precision, precision) of the agreement runs: the kit's setting, TF32, bfloat16.
+AGREEMENT_VARIANTS = (("highest", "32"), ("high", "32"), ("highest", "bf16-mixed"))
+
+
+def _final_model(out: Path) -> dict[str, np.ndarray]:
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+
+    return load_checkpoint(list_checkpoints(out / "checkpoints")[-1]).model
+
+
+def _relative(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """``||a - b|| / ||b||`` over every tensor of two models, in float64."""
+    a_flat = np.concatenate([np.ravel(a[k]).astype(np.float64) for k in sorted(b)])
+    b_flat = np.concatenate([np.ravel(b[k]).astype(np.float64) for k in sorted(b)])
+    return float(np.linalg.norm(a_flat - b_flat) / np.linalg.norm(b_flat))
+
+
+def agreement(backends: list[str], device: str, epochs: int = 4) -> dict:
+    """How far whole runs drift under each precision setting.
+
+    The default recipe trains for ``epochs`` epochs on ``device``, per backend and setting;
+    its final parameters are compared with the numpy backend's float64 run on the CPU, and
+    the first two backends with each other (``||a - b|| / ||b||`` over every tensor).
+    """
+
+    def run(backend: str, dev: str, *settings: str) -> dict[str, np.ndarray]:
+        out = Path(tempfile.mkdtemp())
+        common = ["--backend", backend, "--device", dev, "--epochs", str(epochs), "--quiet"]
+        _train([*common, *(f"--set={setting}" for setting in settings), "--out", str(out)])
+        return _final_model(out)
+
+    reference = run("numpy", "cpu", "config.dtype=float64")
+    rows = []
+    for matmul, precision in AGREEMENT_VARIANTS:
+        settings = (f"config.matmul_precision={matmul}", f"config.precision={precision}")
+        finals = {backend: run(backend, device, *settings) for backend in backends}
+        row: dict[str, Any] = {"matmul_precision": matmul, "precision": precision}
+        for backend, model in finals.items():
+            row[f"{backend} vs float64"] = _relative(model, reference)
+        if len(backends) > 1:
+            first, second = backends[:2]
+            row[f"{first} vs {second}"] = _relative(finals[first], finals[second])
+        rows.append(row)
+    verdicts = [
+        f"{row['matmul_precision']}/{row['precision']}: "
+        + ", ".join(f"{name} {value:.1e}" for name, value in row.items() if " vs " in name)
+        for row in rows
+    ]
+    return {
+        "check": f"precision agreement {device}, {epochs} epochs",
+        "ok": True,  # a measurement; a run that fails raises
+        "verdict": "; ".join(verdicts),
+        "rows": rows,
+    }
+
+
 def native_state(backends: list[str], device: str) -> dict:
     """The native BatchNorm CNN tests of tests/test_native_model_state.py on the GPU."""
     done = subprocess.run(
@@ -216,6 +278,10 @@ def main() -> int:
         except RuntimeError as error:
             rows.append({"check": f"resume {backend}", "ok": False, "verdict": str(error)})
     rows.append(native_state(args.backends, args.device))
+    try:
+        rows.append(agreement(args.backends, args.device))
+    except RuntimeError as error:
+        rows.append({"check": "precision agreement", "ok": False, "verdict": str(error)})
     if not args.no_bench:
         rows.append(bench(args.backends, args.out, args.device))
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))

@@ -24,6 +24,7 @@ CUDA GPU and no network. For each backend given (default: torch and jax):
    run on the CPU and the backends against each other: how far whole runs drift under each
    setting (a measurement, with no bar).
 
+``--only kit,bench`` runs some of them (``--only agreement --device cpu`` tries one here).
 Writes ``summary.json`` and ``summary.md`` to the output directory and prints the table.
 Exits non-zero if anything failed.
 """
@@ -45,6 +46,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "import sys; from unitrain.cli import main; sys.exit(main())"]
+
+
+#: The checks, in the order they run (``--only`` picks some).
+CHECKS = ("kit", "resume", "native", "agreement", "bench")
 
 
 def kit(backend: str, out: Path, device: str) -> dict:
@@ -264,7 +269,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
     parser.add_argument("--device", default="gpu", help="gpu; cpu tries the script here")
     parser.add_argument("--no-bench", action="store_true", help="leave out the speed runs")
+    parser.add_argument(
+        "--only",
+        type=lambda text: set(text.split(",")),
+        default=set(CHECKS),
+        help=f"run only these checks, comma-separated from {', '.join(CHECKS)}",
+    )
     args = parser.parse_args()
+    unknown = sorted(args.only - set(CHECKS))
+    if unknown:
+        parser.error(f"--only: unknown checks {unknown}; choose from {', '.join(CHECKS)}")
+    if args.no_bench:
+        args.only.discard("bench")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     # Run from elsewhere: in the checkout, the source folder unitrain/ would shadow the
@@ -272,17 +288,21 @@ def main() -> int:
     os.chdir(tempfile.mkdtemp())
     rows = []
     for backend in args.backends:
-        rows.append(kit(backend, args.out, args.device))
+        if "kit" in args.only:
+            rows.append(kit(backend, args.out, args.device))
+        if "resume" in args.only:
+            try:
+                rows.append(resume(backend, args.device))
+            except RuntimeError as error:
+                rows.append({"check": f"resume {backend}", "ok": False, "verdict": str(error)})
+    if "native" in args.only:
+        rows.append(native_state(args.backends, args.device))
+    if "agreement" in args.only:
         try:
-            rows.append(resume(backend, args.device))
+            rows.append(agreement(args.backends, args.device))
         except RuntimeError as error:
-            rows.append({"check": f"resume {backend}", "ok": False, "verdict": str(error)})
-    rows.append(native_state(args.backends, args.device))
-    try:
-        rows.append(agreement(args.backends, args.device))
-    except RuntimeError as error:
-        rows.append({"check": "precision agreement", "ok": False, "verdict": str(error)})
-    if not args.no_bench:
+            rows.append({"check": "precision agreement", "ok": False, "verdict": str(error)})
+    if "bench" in args.only:
         rows.append(bench(args.backends, args.out, args.device))
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
     lines = ["| check | ok | verdict |", "|---|---|---|"]

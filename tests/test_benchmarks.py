@@ -106,7 +106,6 @@ def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
     with tiny shapes, and each unitrain row gets its comparisons."""
     pytest.importorskip("jax")
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT))
     import benchmarks.gpu_bench as bench
     from benchmarks.workloads import Workload
 
@@ -139,3 +138,22 @@ def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
         assert row["speedup_over_float32_highest"] > 0
         has_native = row["precision"] != "16-mixed"
         assert (row["unitrain_over_native"] is not None) == has_native, row
+
+
+def test_the_gpu_checks_precision_agreement_tells_float32_from_bfloat16_on_the_cpu() -> None:
+    """The drift measurement of the GPU check, run here: float32 runs of torch and JAX stay
+    within float32 rounding of numpy's float64 run and of each other, bf16-mixed ones do not."""
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    result = gpu_check.agreement(["torch", "jax"], "cpu", epochs=1)
+    rows = {(r["matmul_precision"], r["precision"]): r for r in result["rows"]}
+    assert list(rows) == list(gpu_check.AGREEMENT_VARIANTS)
+    names = ("torch vs float64", "jax vs float64", "torch vs jax")
+    for setting in (("highest", "32"), ("high", "32")):  # alike on a CPU
+        assert all(0 < rows[setting][name] < 1e-5 for name in names), rows[setting]
+    assert all(rows["highest", "bf16-mixed"][name] > 1e-4 for name in names)
+    assert result["verdict"].startswith("highest/32: torch vs float64 ")

@@ -84,11 +84,12 @@ def check_precision(value: Any) -> str:
     """``value`` as a precision name, else a ConfigError saying which names there are.
 
     The integer 32 (as a TOML recipe or ``--set config.precision=32`` writes it) is "32".
+
     Examples:
         >>> check_precision(32), check_precision("bf16-mixed")
         ('32', 'bf16-mixed')
     """
-    if value == 32 and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and value == 32:
         return "32"
     if value not in PRECISIONS:
         renamed = _RENAMED.get(str(value))

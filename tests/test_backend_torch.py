@@ -444,18 +444,23 @@ def test_runs_that_need_each_outcome_on_the_host_keep_the_host_guard():
         (models.Linear(8, 4), (3, 8), 4),
         (models.Linear(8, 4), (2, 3, 8), 4),
         (models.MultiHeadAttention(8, 2), (2, 3, 8), 8),
+        (models.BatchNorm(8), (4, 3, 3, 8), 8),
     ],
 )
-def test_affine_layers_keep_the_low_precision_under_autocast(layer, shape, width):
-    """A Linear or attention projection adds its float32 master bias inside the autocast
-    matmul, as nn.Linear does: ``matmul(x, w) + bias`` would promote the bfloat16 product
-    back to float32, and every later op would run in float32 (1.2x a Transformer step)."""
+def test_layers_with_float32_parameters_keep_the_low_precision_under_autocast(layer, shape, width):
+    """Layer outputs stay in autocast's dtype, as nn.Linear's and nn.BatchNorm2d's do. A
+    Linear or attention projection adds its float32 master bias inside the autocast matmul:
+    ``matmul(x, w) + bias`` would promote the bfloat16 product back to float32, and every
+    later op would run in float32 (1.2x a Transformer step); BatchNorm normalises in float32
+    and hands on x's dtype (bfloat16 from the convolution before it)."""
     from unitrain.backends.torch.layers import build_portable
 
     module = build_portable(layer, 0, torch.float32, "cpu")
     x = torch.randn(shape)
+    if isinstance(layer, models.BatchNorm):
+        x = x.bfloat16()
     with torch.no_grad():
-        exact = module(x)
+        exact = module(x.float())
         with torch.autocast("cpu", torch.bfloat16):
             low = module(x)
     assert low.dtype == torch.bfloat16 and low.shape == exact.shape == (*shape[:-1], width)

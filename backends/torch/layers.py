@@ -171,6 +171,12 @@ class _BatchNorm(_Leaf):
     running_var: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under mixed precision x arrives in bfloat16/float16: the statistics and the
+        # normalisation are computed in the parameters' float32, and the output goes on in
+        # x's dtype, as nn.BatchNorm's does (float32 parameters would otherwise promote it,
+        # and every later op would run in float32).
+        low = x.dtype
+        x = x.to(self.weight.dtype)
         axes = tuple(range(x.ndim - 1))
         if self.training:
             count = x.numel() // x.shape[-1]
@@ -188,7 +194,7 @@ class _BatchNorm(_Leaf):
                 self.running_var.mul_(1 - m).add_(m * var * (count / (count - 1)))
         else:
             centered, var = x - self.running_mean, self.running_var
-        return centered * torch.rsqrt(var + self.spec.eps) * self.weight + self.bias
+        return (centered * torch.rsqrt(var + self.spec.eps) * self.weight + self.bias).to(low)
 
 
 class _LayerNorm(_Leaf):

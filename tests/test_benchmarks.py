@@ -101,8 +101,8 @@ def test_the_paper_workloads_native_model_is_the_portable_one(name: str) -> None
 def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The GPU benchmark is only ever run on a lent GPU, where a crash costs scarce device
-    time: every workload kind, precision variant and optional method runs here, on the CPU,
+    """The GPU benchmark otherwise runs only on a GPU machine, where a crash costs the whole
+    run: every workload kind, precision variant and optional method runs here, on the CPU,
     with tiny shapes, and each unitrain row gets its comparisons."""
     pytest.importorskip("jax")
     pytest.importorskip("torch")

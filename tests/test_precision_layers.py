@@ -22,13 +22,11 @@ from unitrain.registry import get_backend
 
 #: Normwise relative error bars of one update's gradients against the float64 reference,
 #: and the floor a compute in float32 would fall under. Measured on CPU (Nov 2026) over the
-#: four backends and both models: bf16 2.8e-3 to 1.2e-2, fp16 2.1e-4 to 6.5e-4 (float32
-#: below 1e-6); the bars are about 3x the worst, the floors 7x under the least.
+#: four backends and both models, normalisation layers reducing in float32: bf16 2.8e-3 to
+#: 1.1e-2, fp16 2.1e-4 to 5.8e-4 (float32 below 1e-6); the bars are about 3.5x the worst, the
+#: floors 7x under the least. (When TensorFlow's BatchNorm reduced in float16, its CNN
+#: measured 1.1e-2 in fp16, and JAX's 5.4e-4.)
 BARS = {"bf16-mixed": (4e-2, 4e-4), "16-mixed": (2e-3, 3e-5)}
-#: TensorFlow's float16 convolutions on the CPU accumulate in float16 (a 1-conv net alone is
-#: 2.5e-3 from float64, torch's 3e-4); with BatchNorm the CNN measures 1.1e-2, so it is held
-#: to bfloat16's bar there. On a GPU its kernels accumulate in float32.
-LOOSER = {("tensorflow", "cnn", "16-mixed"): (4e-2, 4e-4)}
 
 
 def _options(**fields) -> BackendOptions:
@@ -78,7 +76,7 @@ def test_mixed_precision_trains_portable_layers(name, model_name, precision):
     assert not wrong, f"state arrays changed dtype: {wrong}"
     actual, expected = _gradients(mixed, model_name), _reference(model_name)
     error = np.linalg.norm(actual - expected) / np.linalg.norm(expected)
-    bar, floor = LOOSER.get((name, model_name, precision), BARS[precision])
+    bar, floor = BARS[precision]
     assert floor < error < bar, f"{precision} gradients {error:.3g} from float64"
     state = mixed.state_dict()
     assert all(np.isfinite(v).all() for k, v in state.items() if k.startswith("model."))

@@ -125,10 +125,21 @@ def _dropout(spec: Dropout, prefix: str) -> Layer:
     return run
 
 
+def _wide(x: jax.Array) -> jax.Array:
+    """``x`` in float32 when it is bfloat16/float16 (under mixed precision), else unchanged.
+
+    Normalisation layers reduce in it and hand their output on in ``x``'s own dtype, as
+    torch's autocast, Keras and Flax do: statistics taken in bfloat16 lose digits that
+    the running averages keep.
+    """
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
     mean_name, var_name = _name(prefix, "running_mean"), _name(prefix, "running_var")
 
     def run(x: jax.Array, p: _Pass) -> jax.Array:
+        low, x = x.dtype, _wide(x)
         axes = tuple(range(x.ndim - 1))
         if p.train:
             mean = jnp.mean(x, axis=axes)
@@ -139,22 +150,26 @@ def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
             unbiased = var * (count / (count - 1))  # torch's running variance
             p.new_state[var_name] = (1 - m) * p.state[var_name] + m * unbiased
         else:
-            # The float32 statistics read in x's dtype (bfloat16/float16 under mixed precision).
             mean, var = p.state[mean_name].astype(x.dtype), p.state[var_name].astype(x.dtype)
-        xhat = (x - mean) * lax.rsqrt(var + spec.eps)
-        return xhat * p.params[_name(prefix, "weight")] + p.params[_name(prefix, "bias")]
+        return _scale_shift(prefix, (x - mean) * lax.rsqrt(var + spec.eps), p, low)
 
     return run
 
 
 def _layer_norm(spec: LayerNorm, prefix: str) -> Layer:
     def run(x: jax.Array, p: _Pass) -> jax.Array:
+        low, x = x.dtype, _wide(x)
         mean = jnp.mean(x, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        xhat = (x - mean) * lax.rsqrt(var + spec.eps)
-        return xhat * p.params[_name(prefix, "weight")] + p.params[_name(prefix, "bias")]
+        return _scale_shift(prefix, (x - mean) * lax.rsqrt(var + spec.eps), p, low)
 
     return run
+
+
+def _scale_shift(prefix: str, xhat: jax.Array, p: _Pass, low: Any) -> jax.Array:
+    """``xhat * weight + bias`` in ``xhat``'s dtype, handed on in the input's dtype ``low``."""
+    weight = p.params[_name(prefix, "weight")].astype(xhat.dtype)
+    return (xhat * weight + p.params[_name(prefix, "bias")].astype(xhat.dtype)).astype(low)
 
 
 def _embedding(spec: Embedding, prefix: str) -> Layer:

@@ -141,33 +141,47 @@ def _moments(x: tf.Tensor, axes: list[int], keepdims: bool = False) -> tuple[Any
     return (mean if keepdims else tf.squeeze(mean, axes)), var
 
 
+def _wide(x: tf.Tensor) -> tf.Tensor:
+    """``x`` in float32 when it is bfloat16/float16 (under mixed precision), else unchanged.
+
+    Normalisation layers reduce in it and hand their output on in ``x``'s own dtype, as
+    torch's autocast, Keras and Flax do: statistics taken in bfloat16 lose digits that
+    the running averages keep.
+    """
+    return tf.cast(x, tf.float32) if x.dtype in (tf.bfloat16, tf.float16) else x
+
+
+def _scale_shift(prefix: str, xhat: tf.Tensor, p: _Pass, low: tf.DType) -> tf.Tensor:
+    """``xhat * weight + bias`` in ``xhat``'s dtype, handed on in the input's dtype ``low``."""
+    weight = tf.cast(p.variables[_name(prefix, "weight")], xhat.dtype)
+    return tf.cast(xhat * weight + tf.cast(p.variables[_name(prefix, "bias")], xhat.dtype), low)
+
+
 def _batch_norm(spec: BatchNorm, prefix: str) -> Layer:
     def run(x: tf.Tensor, p: _Pass) -> tf.Tensor:
+        low, x = x.dtype, _wide(x)
         running_mean = p.variables[_name(prefix, "running_mean")]
         running_var = p.variables[_name(prefix, "running_var")]
         if p.training:
             axes = list(range(len(x.shape) - 1))
             mean, var = _moments(x, axes)  # biased variance, to normalise
-            # The statistics move in the state's dtype: float32 also under mixed precision,
-            # where x is bfloat16/float16 (the casts are no-ops otherwise).
-            kept = running_mean.dtype
+            kept = running_mean.dtype  # the state's: float32 also under mixed precision
             count = tf.cast(tf.size(x) // tf.shape(x)[-1], kept)
             m = tf.constant(spec.momentum, kept)
             running_mean.assign((1 - m) * running_mean + m * tf.cast(mean, kept))
             running_var.assign((1 - m) * running_var + m * tf.cast(var, kept) * count / (count - 1))
         else:
             mean, var = tf.cast(running_mean, x.dtype), tf.cast(running_var, x.dtype)
-        out = _normalize(x, mean, var, spec.eps) * p.variables[_name(prefix, "weight")]
-        return out + p.variables[_name(prefix, "bias")]
+        return _scale_shift(prefix, _normalize(x, mean, var, spec.eps), p, low)
 
     return run
 
 
 def _layer_norm(spec: LayerNorm, prefix: str) -> Layer:
     def run(x: tf.Tensor, p: _Pass) -> tf.Tensor:
+        low, x = x.dtype, _wide(x)
         mean, var = _moments(x, [-1], keepdims=True)
-        out = _normalize(x, mean, var, spec.eps) * p.variables[_name(prefix, "weight")]
-        return out + p.variables[_name(prefix, "bias")]
+        return _scale_shift(prefix, _normalize(x, mean, var, spec.eps), p, low)
 
     return run
 

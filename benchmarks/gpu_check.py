@@ -101,10 +101,16 @@ def _train_then_kill(args: list[str], out: Path, after_epochs: int) -> None:
     process.wait()
 
 
+def _last_checkpoint(out: Path) -> Any:
+    """The last checkpoint a ``unitrain train --out out`` run wrote, loaded."""
+    from unitrain.checkpoint import list_checkpoints, load_checkpoint
+
+    return load_checkpoint(list_checkpoints(out / "checkpoints")[-1])
+
+
 def resume(backend: str, device: str) -> dict:
     """Straight vs SIGKILL + resume on the GPU, then the GPU checkpoint on the numpy backend."""
     from unitrain import Trainer, TrainerConfig, models, optim
-    from unitrain.checkpoint import list_checkpoints, load_checkpoint
     from unitrain.recipes import load_digits
 
     straight, killed = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
@@ -112,8 +118,7 @@ def resume(backend: str, device: str) -> dict:
     _train([*common, "--out", str(straight)])
     _train_then_kill([*common, "--out", str(killed)], killed, after_epochs=2)
     _train([*common, "--out", str(killed), "--resume", "latest"])
-    a = load_checkpoint(list_checkpoints(straight / "checkpoints")[-1])
-    b = load_checkpoint(list_checkpoints(killed / "checkpoints")[-1])
+    a, b = _last_checkpoint(straight), _last_checkpoint(killed)
     tensors_a = {**a.model, **{f"optimizer.{k}": v for k, v in a.optimizer.items()}}
     tensors_b = {**b.model, **{f"optimizer.{k}": v for k, v in b.optimizer.items()}}
     identical = tensors_a.keys() == tensors_b.keys() and all(
@@ -147,12 +152,6 @@ def resume(backend: str, device: str) -> dict:
 AGREEMENT_VARIANTS = (("highest", "32"), ("high", "32"), ("highest", "bf16-mixed"))
 
 
-def _final_model(out: Path) -> dict[str, np.ndarray]:
-    from unitrain.checkpoint import list_checkpoints, load_checkpoint
-
-    return load_checkpoint(list_checkpoints(out / "checkpoints")[-1]).model
-
-
 def _relative(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """``||a - b|| / ||b||`` over every tensor of two models, in float64."""
     a_flat = np.concatenate([np.ravel(a[k]).astype(np.float64) for k in sorted(b)])
@@ -172,7 +171,7 @@ def agreement(backends: list[str], device: str, epochs: int = 4) -> dict:
         out = Path(tempfile.mkdtemp())
         common = ["--backend", backend, "--device", dev, "--epochs", str(epochs), "--quiet"]
         _train([*common, *(f"--set={setting}" for setting in settings), "--out", str(out)])
-        return _final_model(out)
+        return _last_checkpoint(out).model
 
     reference = run("numpy", "cpu", "config.dtype=float64")
     rows = []

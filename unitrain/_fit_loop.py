@@ -53,6 +53,8 @@ class FitLoop:
 
         def stop(self, reason: str) -> None: ...
 
+        def _attend(self) -> None: ...
+
     def _init_loop(self) -> None:
         """Pick the update path the backend and configuration allow; start the counters."""
         config = self.config
@@ -75,6 +77,9 @@ class FitLoop:
         to_host = self.backend.to_host if isinstance(self.backend, ToHost) else None
         self._running = RunningLoss(to_host)
         self._start_counters(0.0, 0, 0)
+        #: Set from outside the loop (a signal handler, the checkpoint writer's thread) when
+        #: something needs the Trainer's attention; tested once per update.
+        self._attention = False
 
     def _start_counters(self, loss_sum: float, loss_count: int, skipped: int) -> None:
         """Continue from a running loss and a count of skipped updates (zero, or a resume's)."""
@@ -123,6 +128,8 @@ class FitLoop:
         self.state.epoch, self.state.batch = epoch + 1, 0
         self._reset_running()
         self.callbacks.call("on_epoch_end", self, epoch, logs)
+        if self._attention or self._parallel:  # a signal during validation or the hooks
+            self._attend()
 
     def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
         """The epoch's work from the current position: ``(kind, payload, updates, batch)``.
@@ -209,7 +216,9 @@ class FitLoop:
     def _after_update(self, steps: int, batches: int, lr: float) -> None:
         """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``.
 
-        Between logging points, with no ``on_batch_end`` hook, only the counting is done.
+        Between logging points, with no ``on_batch_end`` hook, only the counting is done (and
+        one test of the attention flag, which a preemption signal or a failed background
+        save sets: the Trainer then checkpoints and stops, or recovers the save).
         """
         state = self.state
         state.step += steps
@@ -217,13 +226,16 @@ class FitLoop:
         self._last_lr = lr
         every, hooked = self.config.log_every_n_steps, self.callbacks.hooks["on_batch_end"]
         logging = state.step // every > (state.step - steps) // every
-        if not (logging or hooked):
-            return
-        logs: dict[str, Any] = {"step": state.step, "lr": lr}
-        if logging:
-            logs.update(self._read_running())
-        if hooked:
-            self.callbacks.call("on_batch_end", self, state.batch, logs)
+        if logging or hooked:
+            logs: dict[str, Any] = {"step": state.step, "lr": lr}
+            if logging:
+                logs.update(self._read_running())
+            if hooked:
+                self.callbacks.call("on_batch_end", self, state.batch, logs)
+        # Workers agree at logging points, which they all reach at the same step; a single
+        # process acts on the flag after the very update.
+        if (logging and self._parallel) or (self._attention and not self._parallel):
+            self._attend()
 
     def _reset_running(self) -> None:
         self._running.reset()

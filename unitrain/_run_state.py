@@ -74,6 +74,7 @@ class Run(Protocol):
     config: Any
     callbacks: Any
     batches_per_epoch: int
+    lineage: Any  # a unitrain._lineage.Lineage, or None outside fit
 
     def run_state(self) -> RunState: ...
 
@@ -113,6 +114,8 @@ def snapshot(run: Run) -> dict[str, Any]:
         },
         "unitrain_version": unitrain.__version__,
     }
+    if run.lineage is not None:
+        info["run"] = run.lineage.to_dict()
     return {"trainer": info, "model": model, "optimizer": optimizer, "callbacks": callback_tensors}
 
 

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from unitrain._errors import ConfigError
+from unitrain._preemption import check_signal_names
 from unitrain.precision import LossScaler, check_matmul_precision, check_precision
 from unitrain.schedules import AbstractSchedule, Warmup
 
@@ -60,6 +61,9 @@ class TrainerConfig:
         data_on_device: with an :class:`~unitrain.data.ArrayLoader` and a backend offering
             ``set_device_data``, copy the training set to the device once and gather batches
             there by index.
+        preemption_signals: the signals on which ``fit`` saves a checkpoint of the step it
+            reaches and exits 143 (see :mod:`unitrain._preemption`); empty: none handled.
+            Slurm's early warning is SIGUSR1 with ``--signal=USR1@SECONDS``.
 
     Examples:
         >>> TrainerConfig(epochs=3).epochs
@@ -83,6 +87,7 @@ class TrainerConfig:
     matmul_precision: str = "highest"
     precision: str = "32"
     loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)
@@ -97,6 +102,7 @@ class TrainerConfig:
                 f"TrainerConfig: precision={self.precision!r} keeps float32 master weights; "
                 f"it needs dtype='float32', got dtype={self.dtype!r}"
             )
+        object.__setattr__(self, "preemption_signals", check_signal_names(self.preemption_signals))
         _positive_int("epochs", self.epochs)
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accum_steps", self.grad_accum_steps)

@@ -10,6 +10,8 @@ at logging points, checkpoints and epoch ends.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,12 +23,16 @@ from unitrain import _inference, rng
 from unitrain._errors import CheckpointError, ConfigError
 from unitrain._evaluation import evaluate
 from unitrain._fit_loop import FitLoop
+from unitrain._lineage import Lineage, claim_folders, lineage_for
 from unitrain._lock import locked
+from unitrain._preemption import Preempted, SignalWatch
 from unitrain._run_state import RunState, TrainState, restore, snapshot
 from unitrain.backend import Backend, BackendOptions, Predict
 from unitrain.callbacks._base import CallbackList
 from unitrain.checkpoint import (
+    CheckpointWarning,
     CheckpointWriter,
+    checkpoint_name,
     list_checkpoints,
     remove_leftovers,
     save_checkpoint,
@@ -138,8 +144,13 @@ class Trainer(FitLoop):
         self.lr_factor = 1.0
         #: Why the last fit stopped before its last epoch (set by :meth:`stop`), else None.
         self.stop_reason: str | None = None
+        #: The run this Trainer's checkpoints belong to, decided when ``fit`` starts.
+        self.lineage: Lineage | None = None
         self._init_loop()
-        self._writer = CheckpointWriter()
+        # Both set the loop's attention flag, read after every update (see _attend).
+        self._writer = CheckpointWriter(on_failure=self._ask_attention)
+        self._signals = SignalWatch(config.preemption_signals, self._ask_attention, self._abort)
+        self._last_save: tuple[int, Path] | None = None  # (step, path) of the newest save
         rng.seed_everything(config.seed)
 
     # -- public API ---------------------------------------------------------------------------
@@ -173,7 +184,12 @@ class Trainer(FitLoop):
         self.stop_reason = reason
 
     def fit(
-        self, train_data: Any, val_data: Any = None, *, resume: str | Path | None = None
+        self,
+        train_data: Any,
+        val_data: Any = None,
+        *,
+        resume: str | Path | None = None,
+        archive_existing: bool = False,
     ) -> list[dict[str, Any]]:
         """Train for ``config.epochs`` epochs; return one metrics dict per epoch.
 
@@ -181,16 +197,27 @@ class Trainer(FitLoop):
             train_data: ``(inputs, targets)`` arrays, an :class:`~unitrain.data.ArrayLoader`,
                 or a re-iterable of batches.
             val_data: the same kinds, evaluated after every ``val_every_n_epochs`` epochs.
-            resume: ``"latest"`` (newest valid checkpoint in ``config.checkpoint_dir``) or a
-                checkpoint path; training continues exactly where that checkpoint stopped.
-                Resuming a finished run warns and trains nothing (so a job that relaunches
-                itself with ``resume="latest"`` ends cleanly).
+            resume: ``"auto"`` (the newest valid checkpoint in ``config.checkpoint_dir`` if
+                there is one, else a fresh start: what a restarted job wants), ``"latest"``
+                (the same, but warns when there is none) or a checkpoint path; training
+                continues exactly where that checkpoint stopped. Resuming a finished run warns
+                and trains nothing (so a job that relaunches itself ends cleanly). None is
+                ``"auto"`` in a restarted torchrun worker (``TORCHELASTIC_RESTART_COUNT`` > 0)
+                or a requeued Slurm job (``SLURM_RESTART_COUNT`` > 0).
+            archive_existing: a fresh run in a checkpoint folder that holds checkpoints moves
+                them into ``archive/<time>-<run id>/`` there; without it, it is refused.
 
         Raises:
             DataError, ConfigError: bad data or contradictory settings, before any update.
-            CheckpointError: ``resume`` finds no valid checkpoint of this model, or another
-                run holds ``checkpoint_dir`` (see :mod:`unitrain._lock`).
+            CheckpointError: ``resume`` finds no valid checkpoint of this model, another
+                run holds ``checkpoint_dir`` (see :mod:`unitrain._lock`), or a fresh run
+                finds another run's checkpoints there (see :mod:`unitrain._lineage`).
+            Preempted: a preemption signal (``config.preemption_signals``) arrived; the run
+                saved a checkpoint of the step it reached first (see
+                :mod:`unitrain._preemption`). It is a ``SystemExit`` with status 143.
         """
+        if self.config.checkpoint_dir is not None:
+            resume = _restart_resume(resume)
         source = self._source(train_data, "train_data", shuffle=True)
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
@@ -203,12 +230,14 @@ class Trainer(FitLoop):
         declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
         directories = [Path(d) for d in [self.config.checkpoint_dir, *declared] if d is not None]
         directories = directories if self.strategy.is_main else []
-        with locked(directories):
+        # A signal from here on is answered after the next update; none can end the run
+        # between taking the lock and training.
+        with self._signals, locked(directories):
             for directory in directories:  # safe now: no other run writes there
                 remove_leftovers(directory)
             self.strategy.barrier()  # the others read checkpoints once rank 0 cleaned up
             try:
-                self._fit(source, val_source, resume)
+                self._fit(source, val_source, resume, directories, archive_existing)
             except BaseException as error:
                 try:
                     self._writer.wait()  # no save may outlive the lock
@@ -219,17 +248,28 @@ class Trainer(FitLoop):
             self.strategy.barrier()  # no worker returns before the last checkpoint is durable
         return self.history
 
-    def _fit(self, source: BatchSource, val_source: BatchSource | None, resume: Any) -> None:
+    def _fit(
+        self,
+        source: BatchSource,
+        val_source: BatchSource | None,
+        resume: Any,
+        folders: list[Path],
+        archive_existing: bool,
+    ) -> None:
         self._place_on_device(source)
         resumed = None
-        if resume == "latest" and self._nothing_to_resume():
-            warnings.warn(
-                f"resume='latest': no checkpoint in {self.config.checkpoint_dir} yet; "
-                "starting from scratch",
-                stacklevel=3,
-            )
+        if resume in ("latest", "auto") and self._nothing_to_resume(resume):
+            if resume == "latest":
+                warnings.warn(
+                    f"resume='latest': no checkpoint in {self.config.checkpoint_dir} yet; "
+                    "starting from scratch",
+                    stacklevel=3,
+                )
         elif resume is not None:
-            resumed = restore(self, resume)
+            resumed = restore(self, "latest" if resume == "auto" else resume)
+        if resumed is None:
+            claim_folders(folders, archive=archive_existing)
+        self.lineage = lineage_for(folders, resumed and resumed[0], self.state.step)
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed
@@ -306,6 +346,7 @@ class Trainer(FitLoop):
             self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
             self.strategy.barrier()
             return Path(path)
+        self._last_save = (self.state.step, Path(path))
         state = snapshot(self)
         if background:
             saved = self._writer.save(path, then=then, **state)
@@ -357,10 +398,107 @@ class Trainer(FitLoop):
             )
         return source
 
-    def _nothing_to_resume(self) -> bool:
-        """Whether ``resume="latest"`` finds no checkpoint at all (a first run, not an error).
+    def _nothing_to_resume(self, resume: str) -> bool:
+        """Whether ``resume="latest"``/``"auto"`` finds no checkpoint at all (a first run).
 
         Checkpoints that exist but are all damaged are an error, raised by the resolver."""
         if self.config.checkpoint_dir is None:
-            raise ConfigError("resume='latest' needs TrainerConfig(checkpoint_dir=...)")
+            raise ConfigError(f"resume={resume!r} needs TrainerConfig(checkpoint_dir=...)")
         return not list_checkpoints(self.config.checkpoint_dir)
+
+    # -- what the loop attends to between updates ---------------------------------------------
+
+    def _ask_attention(self) -> None:
+        """Called by the signal handler and the checkpoint writer's thread: look after an update."""
+        self._attention = True
+
+    def _attend(self) -> None:
+        """Act on a failed background save or a preemption signal (see :class:`FitLoop`).
+
+        With several workers this runs at every logging point and epoch end on all of them
+        (not on the flag, which only some may have): they agree there on whether any was
+        signalled, so all stop at the same step and rank 0 saves it.
+        """
+        self._attention = False
+        if self._writer.failed:
+            self._recover_failed_save()
+        signalled = self._signals.received
+        if self._parallel:
+            if self.strategy.all_sum([signalled is not None])[0] == 0:
+                return
+            signalled = signalled or "a signal to another worker"
+        if signalled is not None:
+            self._preempt(signalled)
+
+    def _checkpoint_path(self) -> Path | None:
+        """Where a checkpoint of this step goes when the loop itself saves one (None: nowhere).
+
+        In ``checkpoint_dir``, named as ModelCheckpoint names it, so ``resume="latest"`` and
+        pruning treat it as one of the run's checkpoints."""
+        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
+        folder = self.config.checkpoint_dir or next(iter(declared), None)
+        if folder is None:
+            return None
+        return Path(folder) / checkpoint_name(self.epoch_number, self.state.step)
+
+    def _recover_failed_save(self) -> None:
+        """A background save failed: save this step synchronously, or stop with both errors."""
+        try:
+            self._writer.wait()
+        except CheckpointError as failed:
+            path = self._checkpoint_path()
+            if path is None or self._parallel:  # other workers cannot join a save now
+                raise
+            try:
+                self.save_checkpoint(path)
+            except CheckpointError as again:
+                raise CheckpointError(
+                    f"a checkpoint save in the background failed: {failed}; saving step "
+                    f"{self.state.step} synchronously failed too: {again}"
+                ) from failed
+            warnings.warn(
+                f"a checkpoint save in the background failed: {failed}; saved {path} "
+                "synchronously instead, and training goes on",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+
+    def _preempt(self, signal_name: str) -> None:
+        """Checkpoint this step (durably), say where, and raise :class:`Preempted`."""
+        step, path = self.state.step, self._checkpoint_path()
+        if path is not None and self._last_save == (step, path):
+            self._writer.wait()  # this very step is being saved already
+        elif path is not None:
+            path = self.save_checkpoint(path)
+        where = (
+            f"checkpoint {path}; continue with resume='auto' (unitrain train --resume auto)"
+            if path is not None
+            else "nothing saved: set TrainerConfig(checkpoint_dir=...) to checkpoint on signals"
+        )
+        message = f"unitrain: {signal_name}: stopped at step {step} (epoch {self.epoch_number}); "
+        message += where
+        if self.strategy.is_main:
+            print(message, file=sys.stderr, flush=True)
+        raise Preempted(signal_name, path, message)
+
+    def _abort(self, signal_name: str) -> Preempted:
+        """What a second signal raises: stop now, without saving."""
+        message = (
+            f"unitrain: {signal_name} again: aborted without saving; the newest durable "
+            "checkpoint is the one to continue from (resume='auto')"
+        )
+        print(message, file=sys.stderr, flush=True)
+        return Preempted(signal_name, None, message)
+
+
+def _restart_resume(resume: str | Path | None) -> str | Path | None:
+    """``resume``, or ``"auto"`` when it is None and this process is a restart of a job.
+
+    A torchrun worker restarted by ``--max-restarts`` and a requeued Slurm job get the same
+    command line as the first attempt, which must then continue, not start over."""
+    if resume is not None:
+        return resume
+    for variable in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        if os.environ.get(variable, "0").strip() not in ("", "0"):
+            return "auto"
+    return None

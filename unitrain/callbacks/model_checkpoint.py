@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unitrain._errors import ConfigError
+from unitrain._errors import CheckpointError, ConfigError
 from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
-from unitrain.checkpoint import checkpoint_name, list_checkpoints, remove_checkpoint
+from unitrain.checkpoint import (
+    CheckpointWarning,
+    checkpoint_name,
+    checkpoint_run,
+    list_checkpoints,
+    remove_checkpoint,
+)
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
@@ -24,7 +31,9 @@ class ModelCheckpoint(Callback):
 
     Periodic checkpoints are named ``epoch=EEEE-step=SSSSSS`` (``EEEE`` is the epoch the step
     belongs to, counting from 1, so a step saved both by step and at its epoch's end has one
-    name: the later save replaces the earlier) and the newest ``keep_last`` are kept. With
+    name: the later save replaces the earlier) and the newest ``keep_last`` of this run are
+    kept; checkpoints of other runs in the folder (the run a resume branched from, see
+    :mod:`unitrain._lineage`) are never deleted. With
     ``monitor`` set, the checkpoint of the best epoch so far is also kept under ``dirpath/best``.
     Every write is atomic (a temporary directory renamed into place), so a kill at any moment
     leaves the previous checkpoints valid, and ``fit(resume="latest")`` continues from the
@@ -93,6 +102,7 @@ class ModelCheckpoint(Callback):
         self.background = bool(background)
         self.last_saved: Path | None = None
         self._last_step = 0
+        self._run_id: str | None = None  # whose checkpoints _prune may delete
 
     @property
     def writes_to(self) -> tuple[Path, ...]:
@@ -112,6 +122,7 @@ class ModelCheckpoint(Callback):
     def on_train_begin(self, trainer: Trainer) -> None:
         directory = self._directory(trainer)
         self._last_step = trainer.state.step
+        self._run_id = None if trainer.lineage is None else trainer.lineage.id
         if trainer.strategy.is_main and directory.is_dir():
             # A run killed between a save and its pruning left one too many; a resumed run
             # that saves nothing more would keep it.
@@ -149,11 +160,22 @@ class ModelCheckpoint(Callback):
         )
 
     def _prune(self, directory: Path) -> None:
-        """Remove the periodic checkpoints beyond the newest ``keep_last``."""
-        if self.keep_last is not None:
-            periodic = [p for p in list_checkpoints(directory) if p.name != BEST]
-            for old in periodic[: -self.keep_last]:
+        """Remove this run's periodic checkpoints beyond the newest ``keep_last``.
+
+        One that cannot be removed (a file put into it by hand) is kept, with a warning:
+        training goes on."""
+        if self.keep_last is None or self._run_id is None:
+            return
+        periodic = [
+            path
+            for path in list_checkpoints(directory)
+            if path.name != BEST and checkpoint_run(path)["id"] == self._run_id
+        ]
+        for old in periodic[: -self.keep_last]:
+            try:
                 remove_checkpoint(old)
+            except CheckpointError as error:
+                warnings.warn(f"keeping it: {error}", CheckpointWarning, stacklevel=2)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best}

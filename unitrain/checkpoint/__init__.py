@@ -17,7 +17,7 @@ of the Trainer. Nothing here uses pickle, and every problem raises
 :class:`~unitrain.CheckpointError` with a message naming the file.
 """
 
-from unitrain.checkpoint._discovery import list_checkpoints, resolve_checkpoint
+from unitrain.checkpoint._discovery import checkpoint_run, list_checkpoints, resolve_checkpoint
 from unitrain.checkpoint._format import FORMAT_VERSION, CheckpointWarning
 from unitrain.checkpoint._read import Checkpoint, load_checkpoint, verify_checkpoint
 from unitrain.checkpoint._remove import remove_checkpoint, remove_leftovers
@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointWarning",
     "CheckpointWriter",
     "checkpoint_name",
+    "checkpoint_run",
     "list_checkpoints",
     "load_checkpoint",
     "remove_checkpoint",

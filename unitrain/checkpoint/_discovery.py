@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint._format import (
@@ -18,7 +19,7 @@ from unitrain.checkpoint._format import (
 from unitrain.checkpoint._read import Checkpoint, load_checkpoint, read_file
 from unitrain.checkpoint._remove import DISPLACED_PATTERN
 
-__all__ = ["list_checkpoints", "load_resolved", "resolve_checkpoint"]
+__all__ = ["checkpoint_run", "list_checkpoints", "load_resolved", "resolve_checkpoint"]
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
@@ -29,9 +30,13 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     ``.{name}.old-*`` copy displaced by an interrupted replacement is listed while ``name``
     itself is absent, so a crash mid-replacement never loses the old checkpoint.
 
-    The order is by the ``step`` (then ``epoch``, then name) in each ``trainer.json``, which is
-    only read, not verified. Checkpoints whose trainer state cannot be read come first, by name,
-    so they are tried last when looking for the newest.
+    The order is by the run *generation*, then the ``step`` (then ``epoch``, then name) in each
+    ``trainer.json``, which is only read, not verified. A run that resumes from an older
+    checkpoint than the newest starts a new generation (see :mod:`unitrain._lineage`), so its
+    checkpoints are newer than every step of the run it branched from, even where their step
+    is lower (another batch size). Checkpoints without a generation (written before it was
+    recorded) are generation 0. Checkpoints whose trainer state cannot be read come first, by
+    name, so they are tried last when looking for the newest.
 
     Args:
         directory: where the checkpoints are; a missing directory has none.
@@ -57,7 +62,7 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
             f"{root}: cannot list checkpoints ({exc}); pass the directory checkpoints are in"
         ) from exc
     present = set(names)
-    keyed: list[tuple[tuple[int, int, int, str], Path]] = []
+    keyed: list[tuple[tuple[int, int, int, int, str], Path]] = []
     for name in names:
         if name.startswith("."):
             displaced = DISPLACED_PATTERN.fullmatch(name)
@@ -137,11 +142,40 @@ def load_resolved(spec: str | os.PathLike[str], directory: str | os.PathLike[str
     )
 
 
-def _order_key(checkpoint: Path) -> tuple[int, int, int, str]:
-    """Sorts readable checkpoints by (step, epoch, name), after all unreadable ones by name."""
+def checkpoint_run(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's run record and step (``{"id", "generation", "parent", "step"}``), read,
+    not verified (see :mod:`unitrain._lineage`).
+
+    Checkpoints written before runs were recorded give ``id`` and ``parent`` None and
+    generation 0; one whose ``trainer.json`` cannot be read gives those and step -1.
+    """
+    return _run_record(_trainer_state(Path(checkpoint)) or {})
+
+
+def _run_record(state: dict[str, Any]) -> dict[str, Any]:
+    recorded = state.get("run")
+    run: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    generation = run.get("generation")
+    return {
+        "id": run["id"] if isinstance(run.get("id"), str) else None,
+        "generation": generation if type(generation) is int and generation >= 0 else 0,
+        "parent": run["parent"] if isinstance(run.get("parent"), str) else None,
+        "step": state.get("step", -1),
+    }
+
+
+def _trainer_state(checkpoint: Path) -> dict[str, Any] | None:
+    """A checkpoint's trainer.json, read and checked for its counters only; None if it fails."""
     file = checkpoint / TRAINER_FILE
     try:
-        state = check_trainer_state(decode_json(read_file(file, MAX_JSON_BYTES), file), file)
+        return check_trainer_state(decode_json(read_file(file, MAX_JSON_BYTES), file), file)
     except CheckpointError:
-        return (0, 0, 0, checkpoint.name)
-    return (1, state["step"], state["epoch"], checkpoint.name)
+        return None
+
+
+def _order_key(checkpoint: Path) -> tuple[int, int, int, int, str]:
+    """Sorts readable checkpoints by (generation, step, epoch, name), after unreadable ones."""
+    state = _trainer_state(checkpoint)
+    if state is None:
+        return (0, 0, 0, 0, checkpoint.name)
+    return (1, _run_record(state)["generation"], state["step"], state["epoch"], checkpoint.name)

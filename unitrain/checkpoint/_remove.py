@@ -31,6 +31,9 @@ __all__ = [
     "sibling_name",
 ]
 
+#: Files a desktop's file browser drops into any folder it shows; a checkpoint holding them is
+#: still only a checkpoint, so removing or replacing it removes them too.
+DESKTOP_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 #: Matches the hidden name a checkpoint has while it is being replaced (step 1 above).
 DISPLACED_PATTERN = re.compile(r"\.(?P<name>.+)\.old-[0-9]+-[0-9a-f]+")
 #: Matches what an interrupted save (``tmp``) or removal (``del``) leaves, with its writer's pid.
@@ -117,7 +120,7 @@ def check_is_checkpoint_directory(target: Path, action: str) -> None:
             f"{target}: refusing to {action} it: it is a symlink or not a directory, so it is "
             "not a checkpoint; move it away or choose another path"
         )
-    unexpected = sorted(set(os.listdir(target)) - ALL_FILES)
+    unexpected = sorted(set(os.listdir(target)) - ALL_FILES - DESKTOP_FILES)
     if unexpected:
         raise CheckpointError(
             f"{target}: refusing to {action} it: it holds {unexpected}, which are not "

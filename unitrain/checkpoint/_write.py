@@ -124,8 +124,9 @@ def save_checkpoint(
         ['callbacks.safetensors', 'manifest.json', 'model.safetensors',
          'optimizer.safetensors', 'trainer.json']
     """
-    staged = _stage(Path(path), model, optimizer, trainer, callbacks)
-    staged.commit()
+    with _interrupts_deferred():  # Ctrl-C midway would drop the checkpoint: it finishes first
+        staged = _stage(Path(path), model, optimizer, trainer, callbacks)
+        staged.commit()
     return staged.target
 
 
@@ -143,11 +144,22 @@ class CheckpointWriter:
     One save is finished at a time: :meth:`save` first waits for the one before. Call
     :meth:`wait` before relying on the checkpoint (the Trainer does at the end of ``fit``);
     it raises the error of a background step that failed, and so does the next :meth:`save`.
+
+    Args:
+        on_failure: called on the worker thread as soon as a background step fails, so the
+            caller can act at once (the Trainer does after the update in progress) rather
+            than at the next save; :attr:`failed` says the same.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_failure: Callable[[], None] | None = None) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._on_failure = on_failure
+
+    @property
+    def failed(self) -> bool:
+        """Whether a background step failed and :meth:`wait` will raise its error."""
+        return self._error is not None
 
     def save(
         self,
@@ -169,7 +181,6 @@ class CheckpointWriter:
                 background step of the previous save failed.
         """
         self.wait()
-        staged = _stage(Path(path), model, optimizer, trainer, callbacks, durable=False)
 
         def finish() -> None:
             try:
@@ -178,9 +189,14 @@ class CheckpointWriter:
                     then()
             except BaseException as error:  # handed to the caller's thread by wait()
                 self._error = error
+                if self._on_failure is not None:
+                    self._on_failure()
 
-        self._thread = threading.Thread(target=finish, name="unitrain-checkpoint", daemon=True)
+        # Ctrl-C in the written half would drop this checkpoint; it is held until the
+        # background thread has it (the run then waits for that thread before it ends).
         with _interrupts_deferred():
+            staged = _stage(Path(path), model, optimizer, trainer, callbacks, durable=False)
+            self._thread = threading.Thread(target=finish, name="unitrain-checkpoint", daemon=True)
             self._thread.start()
         return staged.target
 
@@ -196,24 +212,29 @@ class CheckpointWriter:
 
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back from the main thread until the block ends.
+    """Hold Ctrl-C (SIGINT) back until the block ends, then act on it as it would have.
 
-    ``Thread.start`` waits for the new thread to report in; a KeyboardInterrupt landing in
-    that wait leaves a thread that runs but cannot be joined, so ``wait`` would fail and the
-    save could outlive the run's lock. The signal stays pending and is raised right after.
-    The thread started inside inherits the blocked signal, which is what Python wants anyway:
-    signal handlers run on the main thread only.
+    A save's files are written under it, so Ctrl-C cannot drop a checkpoint half written
+    (the README promises that the save in progress finishes). ``Thread.start`` waits for the
+    new thread to report in; a KeyboardInterrupt landing in that wait would leave a thread
+    that runs but cannot be joined, so ``wait`` would fail and the save could outlive the
+    run's lock. The handler is swapped rather than the signal blocked: a process-directed
+    signal blocked on the main thread is delivered to another thread (BLAS's, the writer's),
+    and Python would still raise it on the main thread at once.
     """
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not (
-        threading.main_thread()
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, None)
+        elif received and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 class _Staged:

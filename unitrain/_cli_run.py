@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from unitrain._errors import ConfigError, MissingFrameworkError
+from unitrain._launch import die_with_parent, forwarding_signals, launched_worker
+from unitrain._preemption import PREEMPTION_EXIT_STATUS, Preempted
 
 __all__ = ["compare", "quiet_framework_import", "train"]
 
@@ -89,6 +91,8 @@ def train(args: argparse.Namespace) -> int:
     if args.device:
         settings["device"] = args.device
     trainer = recipe.build(backend, callbacks=loggers, **settings)
+    if launched_worker():  # never train on (holding the lock) once the launcher is gone
+        die_with_parent()
     train_data, val_data = recipe.load_data()
     say: Any = print if trainer.strategy.is_main else lambda *_, **__: None  # rank 0 speaks
     say(
@@ -97,7 +101,11 @@ def train(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        trainer.fit(train_data, val_data, resume=args.resume)
+        trainer.fit(
+            train_data, val_data, resume=args.resume, archive_existing=args.archive_existing
+        )
+    except Preempted:  # the Trainer has saved and said where: hand the status on
+        return PREEMPTION_EXIT_STATUS
     except KeyboardInterrupt:
         # fit has already waited for the save in flight, so the newest checkpoint is durable.
         say(_interrupted_line(trainer.config.checkpoint_dir, args.argv), file=sys.stderr)
@@ -134,8 +142,8 @@ def _interrupted_line(checkpoint_dir: str | None, argv: Sequence[str]) -> str:
     if "--resume" in again:  # drop the old request: the run goes on from the newest one now
         index = again.index("--resume")
         del again[index : index + 2]
-    again = [a for a in again if not a.startswith("--resume=")]
-    command = shlex.join(["unitrain", *again, "--resume", "latest"])
+    again = [a for a in again if not a.startswith("--resume=") and a != "--archive-existing"]
+    command = shlex.join(["unitrain", *again, "--resume", "auto"])
     return f"unitrain: interrupted; last checkpoint {checkpoints[-1]}; resume with: {command}"
 
 
@@ -157,15 +165,18 @@ def _launch_workers(backend: str, args: argparse.Namespace) -> int:
     again = [a for a in again if not a.startswith("--workers=")]
     command = [*cls.launch_command(args.workers), "-m", "unitrain.cli", *again]
     command += [] if args.backend else ["--backend", backend]
-    done = subprocess.run(command, check=False)
-    if done.returncode != 0:
+    with forwarding_signals() as forward:
+        returncode = forward.run(command)
+    if forward.received is not None:  # the workers saved and exited, or were stopped
+        return PREEMPTION_EXIT_STATUS
+    if returncode != 0:
         print(
-            f"unitrain: error: a worker failed (exit {done.returncode}; the launcher's report "
-            "above names it); run again with --resume latest to continue from the newest "
+            f"unitrain: error: a worker failed (exit {returncode}; the launcher's report "
+            "above names it); run again with --resume auto to continue from the newest "
             "valid checkpoint",
             file=sys.stderr,
         )
-    return done.returncode
+    return returncode
 
 
 def compare(args: argparse.Namespace) -> int:

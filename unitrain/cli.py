@@ -170,7 +170,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train a recipe (default: the digits MLP)")
     _add_recipe_arguments(training, one_backend=True)
-    training.add_argument("--resume", help="'latest' or a checkpoint path")
+    training.add_argument(
+        "--resume",
+        help="'auto' (the newest checkpoint of --out if there is one, else start), 'latest' or "
+        "a checkpoint path",
+    )
+    training.add_argument(
+        "--archive-existing",
+        action="store_true",
+        help="start a new run even if --out holds an earlier run's checkpoints, moving them "
+        "into its checkpoints/archive/",
+    )
     training.add_argument("--quiet", action="store_true", help="no progress bar")
     training.add_argument(
         "--workers",

@@ -18,7 +18,7 @@ from typing import Any
 
 from unitrain._errors import ConfigError, MissingFrameworkError
 from unitrain._launch import die_with_parent, forwarding_signals, launched_worker
-from unitrain._preemption import PREEMPTION_EXIT_STATUS, Preempted
+from unitrain._preemption import PREEMPTION_EXIT_STATUS
 
 __all__ = ["compare", "quiet_framework_import", "train"]
 
@@ -104,8 +104,6 @@ def train(args: argparse.Namespace) -> int:
         trainer.fit(
             train_data, val_data, resume=args.resume, archive_existing=args.archive_existing
         )
-    except Preempted:  # the Trainer has saved and said where: hand the status on
-        return PREEMPTION_EXIT_STATUS
     except KeyboardInterrupt:
         # fit has already waited for the save in flight, so the newest checkpoint is durable.
         say(_interrupted_line(trainer.config.checkpoint_dir, args.argv), file=sys.stderr)

@@ -21,17 +21,28 @@ earlier signal (``--signal=USR1@SECONDS``).
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 from unitrain._errors import ConfigError
 
-__all__ = ["PREEMPTION_EXIT_STATUS", "Preempted", "SignalWatch", "check_signal_names"]
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "PREEMPTION_EXIT_STATUS",
+    "Preempted",
+    "SignalWatch",
+    "check_signal_names",
+    "stopping_at_once",
+]
 
+#: The signals ``TrainerConfig.preemption_signals`` names by default.
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
 #: The exit status of a preempted run: 128 + SIGTERM, as a shell shows a SIGTERM'd process.
 PREEMPTION_EXIT_STATUS = 143
 
@@ -126,3 +137,28 @@ class SignalWatch:
             raise self._on_abort(name)
         self.received = name
         self._on_signal()
+
+
+@contextlib.contextmanager
+def stopping_at_once(signals: Sequence[str] = DEFAULT_SIGNALS) -> Iterator[None]:
+    """Outside ``fit`` (start-up, building, a final evaluation) a signal ends the command at
+    once with one line and status 143: there is no update to finish and nothing unsaved.
+
+    ``fit`` installs its own handlers for its duration and puts these back when it ends.
+    """
+
+    def stop(number: int, frame: FrameType | None) -> None:
+        name = signal.Signals(number).name
+        message = f"unitrain: {name} outside training: stopped; every checkpoint is durable"
+        print(message, file=sys.stderr, flush=True)
+        raise Preempted(name, None, message)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signal.Signals[name]: signal.signal(signal.Signals[name], stop) for name in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -8,6 +8,7 @@ for a closed pipe (``unitrain inspect DIR | head``), Ctrl-C or a bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 
 from unitrain._cli_run import quiet_framework_import
 from unitrain._errors import CheckpointError, UnitrainError
+from unitrain._preemption import PREEMPTION_EXIT_STATUS, Preempted, stopping_at_once
 
 __all__ = ["main"]
 
@@ -226,7 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # no source line echoed under the message
     try:
-        return int(args.handler(args))
+        with stopping_at_once() if args.command == "train" else contextlib.nullcontext():
+            return int(args.handler(args))
+    except Preempted:  # a line saying what was saved is printed already
+        return PREEMPTION_EXIT_STATUS
     except UnitrainError as error:
         print(f"unitrain: error: {error}", file=sys.stderr)
         return 2

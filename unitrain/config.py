@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from unitrain._errors import ConfigError
-from unitrain._preemption import check_signal_names
+from unitrain._preemption import DEFAULT_SIGNALS, check_signal_names
 from unitrain.precision import LossScaler, check_matmul_precision, check_precision
 from unitrain.schedules import AbstractSchedule, Warmup
 
@@ -87,7 +87,7 @@ class TrainerConfig:
     matmul_precision: str = "highest"
     precision: str = "32"
     loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
-    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    preemption_signals: tuple[str, ...] = DEFAULT_SIGNALS
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)

@@ -342,11 +342,11 @@ class Trainer(FitLoop):
         Under several workers every worker calls this (the running loss is summed over them);
         rank 0 writes, and the others wait until it has.
         """
+        self._last_save = (self.state.step, Path(path))  # on every worker: they decide alike
         if not self.strategy.is_main:
             self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
             self.strategy.barrier()
             return Path(path)
-        self._last_save = (self.state.step, Path(path))
         state = snapshot(self)
         if background:
             saved = self._writer.save(path, then=then, **state)

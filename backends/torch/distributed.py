@@ -55,6 +55,22 @@ def launch_command(workers: int) -> list[str]:
     ]
 
 
+def _attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """The rendezvous store of a restarted torchrun attempt, under a prefix of its own.
+
+    torchrun ``--max-restarts`` restarts the workers with the same ``MASTER_ADDR:PORT``, and
+    the process group's keys (each worker's gloo address) are named alike in every attempt:
+    seen here, workers of a restart read the dead attempt's addresses and failed ("Connection
+    refused") or hung in ``init_process_group``. A prefix per attempt keeps them apart; the
+    first attempt (and any other launcher) uses torch's default store.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or "MASTER_ADDR" not in os.environ:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=TIMEOUT))
+    return dist.PrefixStore(f"unitrain-attempt-{attempt}", store)
+
+
 class TorchDDP:
     """One worker of a torch DDP job; see the module doc.
 
@@ -89,7 +105,11 @@ class TorchDDP:
         self._group_backend = "nccl" if device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             dist.init_process_group(
-                self._group_backend, rank=self.rank, world_size=self.world_size, timeout=TIMEOUT
+                self._group_backend,
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=TIMEOUT,
+                store=_attempt_store(self.rank, self.world_size),
             )
         elif dist.get_world_size() != self.world_size:
             raise ConfigError(

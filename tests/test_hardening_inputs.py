@@ -404,6 +404,21 @@ def latest_without_directory(tmp: Path) -> None:
     trainer().fit(arrays(), resume="latest")
 
 
+@entry(SECTION, "resume='auto' without checkpoint_dir", ConfigError, "Set checkpoint_dir.")
+def auto_without_directory(tmp: Path) -> None:
+    trainer().fit(arrays(), resume="auto")
+
+
+@entry(
+    SECTION,
+    "A preemption signal that cannot be handled",
+    ConfigError,
+    "Name signals such as 'SIGTERM', 'SIGUSR1', 'SIGUSR2'.",
+)
+def bad_preemption_signal(tmp: Path) -> None:
+    trainer(preemption_signals=["SIGKILL"])
+
+
 # -- resuming ------------------------------------------------------------------------------------
 
 SECTION = "Resuming"
@@ -551,6 +566,18 @@ def directory_in_use(tmp: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+@entry(
+    SECTION,
+    "A fresh run in a folder that holds another run's checkpoints",
+    CheckpointError,
+    "Continue that run with `resume='auto'`, use another folder, or pass "
+    "`archive_existing=True` (`--archive-existing`).",
+)
+def fresh_run_in_used_folder(tmp: Path) -> None:
+    first = checkpoint_of(tmp)
+    trainer(checkpoint_dir=str(first.parent)).fit(arrays())
 
 
 @entry(

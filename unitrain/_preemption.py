@@ -140,11 +140,14 @@ class SignalWatch:
 
 
 @contextlib.contextmanager
-def stopping_at_once(signals: Sequence[str] = DEFAULT_SIGNALS) -> Iterator[None]:
+def stopping_at_once(
+    signals: Sequence[str] = DEFAULT_SIGNALS, *, restore: bool = True
+) -> Iterator[None]:
     """Outside ``fit`` (start-up, building, a final evaluation) a signal ends the command at
     once with one line and status 143: there is no update to finish and nothing unsaved.
 
     ``fit`` installs its own handlers for its duration and puts these back when it ends.
+    ``restore=False`` leaves these installed after the block, for a program that ends then.
     """
 
     def stop(number: int, frame: FrameType | None) -> None:
@@ -160,5 +163,5 @@ def stopping_at_once(signals: Sequence[str] = DEFAULT_SIGNALS) -> Iterator[None]
     try:
         yield
     finally:
-        for number, handler in previous.items():
+        for number, handler in previous.items() if restore else ():
             signal.signal(number, handler)

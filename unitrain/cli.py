@@ -222,13 +222,16 @@ def _one_line_warning(message: Any, category: type[Warning], *_: Any, **__: Any)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unitrain`` command; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # As the program itself, the handlers stay to the end: a signal while the interpreter
+    # shuts down still exits 143; called in-process (tests), they are put back.
+    as_program, argv = argv is None, list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv
     previous = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # no source line echoed under the message
     try:
-        with stopping_at_once() if args.command == "train" else contextlib.nullcontext():
+        training = args.command == "train"
+        with stopping_at_once(restore=not as_program) if training else contextlib.nullcontext():
             return int(args.handler(args))
     except Preempted:  # a line saying what was saved is printed already
         return PREEMPTION_EXIT_STATUS

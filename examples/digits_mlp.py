@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", choices=("cpu", "gpu", "auto"))
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--out", default="runs/digits_mlp")
-    parser.add_argument("--resume", help="'latest' or a checkpoint path")
+    parser.add_argument("--resume", help="'auto', 'latest' or a checkpoint path")
     args = parser.parse_args()
 
     data = load_digits()

@@ -150,7 +150,7 @@ def test_ctrl_c_finishes_the_save_and_prints_one_line_to_resume(tmp_path):
     named = lines[0].split("last checkpoint ")[1].split("; resume with: ")
     assert load_checkpoint(named[0]).trainer["step"] > 0  # the checkpoint is complete
     assert named[0] == str(list_checkpoints(out / "checkpoints")[-1])
-    assert named[1].endswith(f"--out {out} --resume latest")
+    assert named[1].endswith(f"--out {out} --resume auto")
 
 
 def _interrupted_run(out: Path, delay: float) -> tuple[int | str, str]:

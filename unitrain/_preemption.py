@@ -22,6 +22,7 @@ earlier signal (``--signal=USR1@SECONDS``).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,7 @@ __all__ = [
     "Preempted",
     "SignalWatch",
     "check_signal_names",
+    "restart_resume",
     "stopping_at_once",
 ]
 
@@ -63,6 +65,16 @@ class Preempted(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+    @classmethod
+    def aborted(cls, signal_name: str) -> Preempted:
+        """What a second signal raises (after printing it): stop now, without saving."""
+        message = (
+            f"unitrain: {signal_name} again: aborted without saving; the newest durable "
+            "checkpoint is the one to continue from (resume='auto')"
+        )
+        print(message, file=sys.stderr, flush=True)
+        return cls(signal_name, None, message)
 
 
 def check_signal_names(names: Any) -> tuple[str, ...]:
@@ -99,18 +111,12 @@ class SignalWatch:
         signals: the signal names to watch.
         on_signal: called (on the main thread, from the handler) when the first one arrives,
             so the loop can notice it with an attribute test.
-        on_abort: builds the exception a second signal raises, given the signal's name.
     """
 
-    def __init__(
-        self,
-        signals: Sequence[str],
-        on_signal: Callable[[], None],
-        on_abort: Callable[[str], BaseException],
-    ) -> None:
+    def __init__(self, signals: Sequence[str], on_signal: Callable[[], None]) -> None:
         self.signals = tuple(signals)
         self.received: str | None = None
-        self._on_signal, self._on_abort = on_signal, on_abort
+        self._on_signal = on_signal
         self._previous: dict[signal.Signals, Any] = {}
 
     def __enter__(self) -> SignalWatch:
@@ -134,9 +140,22 @@ class SignalWatch:
     def _handle(self, number: int, frame: FrameType | None) -> None:
         name = signal.Signals(number).name
         if self.received is not None:
-            raise self._on_abort(name)
+            raise Preempted.aborted(name)
         self.received = name
         self._on_signal()
+
+
+def restart_resume(resume: str | Path | None) -> str | Path | None:
+    """``resume``, or ``"auto"`` when it is None and this process is a restart of a job.
+
+    A torchrun worker restarted by ``--max-restarts`` and a requeued Slurm job get the same
+    command line as the first attempt, which must then continue, not start over."""
+    if resume is not None:
+        return resume
+    for variable in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        if os.environ.get(variable, "0").strip() not in ("", "0"):
+            return "auto"
+    return None
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ at logging points, checkpoints and epoch ends.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -25,7 +24,7 @@ from unitrain._evaluation import evaluate
 from unitrain._fit_loop import FitLoop
 from unitrain._lineage import Lineage, claim_folders, lineage_for
 from unitrain._lock import locked
-from unitrain._preemption import Preempted, SignalWatch
+from unitrain._preemption import Preempted, SignalWatch, restart_resume
 from unitrain._run_state import RunState, TrainState, restore, snapshot
 from unitrain.backend import Backend, BackendOptions, Predict
 from unitrain.callbacks._base import CallbackList
@@ -149,7 +148,7 @@ class Trainer(FitLoop):
         self._init_loop()
         # Both set the loop's attention flag, read after every update (see _attend).
         self._writer = CheckpointWriter(on_failure=self._ask_attention)
-        self._signals = SignalWatch(config.preemption_signals, self._ask_attention, self._abort)
+        self._signals = SignalWatch(config.preemption_signals, self._ask_attention)
         self._last_save: tuple[int, Path] | None = None  # (step, path) of the newest save
         rng.seed_everything(config.seed)
 
@@ -217,7 +216,7 @@ class Trainer(FitLoop):
                 :mod:`unitrain._preemption`). It is a ``SystemExit`` with status 143.
         """
         if self.config.checkpoint_dir is not None:
-            resume = _restart_resume(resume)
+            resume = restart_resume(resume)
         source = self._source(train_data, "train_data", shuffle=True)
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
@@ -480,25 +479,3 @@ class Trainer(FitLoop):
         if self.strategy.is_main:
             print(message, file=sys.stderr, flush=True)
         raise Preempted(signal_name, path, message)
-
-    def _abort(self, signal_name: str) -> Preempted:
-        """What a second signal raises: stop now, without saving."""
-        message = (
-            f"unitrain: {signal_name} again: aborted without saving; the newest durable "
-            "checkpoint is the one to continue from (resume='auto')"
-        )
-        print(message, file=sys.stderr, flush=True)
-        return Preempted(signal_name, None, message)
-
-
-def _restart_resume(resume: str | Path | None) -> str | Path | None:
-    """``resume``, or ``"auto"`` when it is None and this process is a restart of a job.
-
-    A torchrun worker restarted by ``--max-restarts`` and a requeued Slurm job get the same
-    command line as the first attempt, which must then continue, not start over."""
-    if resume is not None:
-        return resume
-    for variable in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-        if os.environ.get(variable, "0").strip() not in ("", "0"):
-            return "auto"
-    return None

@@ -154,7 +154,8 @@ def test_sigterm_at_random_moments(tmp_path, workers):
         counts[status] += 1
         if status != 0:
             again = train(out, workers, "--resume", "auto", backend=backend)
-            subprocess.run(again, check=True, capture_output=True)
+            resumed = subprocess.run(again, capture_output=True, text=True)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert_same(final_weights(out), reference)
     print(
         f"\n{workers} worker(s), {trials} signals: exit 143 {counts[143]}, finished before the "

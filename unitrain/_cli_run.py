@@ -65,7 +65,12 @@ def _recipe(args: argparse.Namespace) -> Any:
         assignments.insert(0, f"config.epochs={args.epochs}")
     if args.seed is not None:
         assignments.insert(0, f"config.seed={args.seed}")
-    return load_recipe(args.recipe, assignments)
+    return load_recipe(
+        args.recipe,
+        assignments,
+        allow_imports=args.allow_imports,
+        allow_absolute_paths=args.allow_absolute_paths,
+    )
 
 
 def train(args: argparse.Namespace) -> int:
@@ -191,6 +196,9 @@ def compare(args: argparse.Namespace) -> int:
         passed.append(f"--set=config.epochs={args.epochs}")
     if args.seed is not None:
         passed.append(f"--set=config.seed={args.seed}")
+    # Each child reads the recipe again, so it needs the same permission the parent was given.
+    passed += ["--allow-imports"] if args.allow_imports else []
+    passed += ["--allow-absolute-paths"] if args.allow_absolute_paths else []
     for backend in backends:
         folder = out / backend
         if (folder / "metrics.jsonl").exists():

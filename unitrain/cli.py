@@ -163,6 +163,19 @@ def _add_recipe_arguments(command: argparse.ArgumentParser, *, one_backend: bool
     command.add_argument("--epochs", type=int, help="the same as --set config.epochs=N")
     command.add_argument("--seed", type=int, help="the same as --set config.seed=N")
     command.add_argument("--out", help="output folder (default: runs/<recipe name>)")
+    # A TOML recipe and --set are data; these two let such data run code or write elsewhere.
+    command.add_argument(
+        "--allow-imports",
+        action="store_true",
+        help="let a TOML recipe or --set name any class as pkg.module:Class, which imports and "
+        "runs it (only for recipes you trust; a .py recipe is code and needs no flag)",
+    )
+    command.add_argument(
+        "--allow-absolute-paths",
+        action="store_true",
+        help="let a TOML recipe or --set point loggers and checkpoints outside the run folder "
+        "(absolute paths or '..')",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,6 +6,12 @@ TOML holding what :func:`recipe_to_dict` writes: each part is the part's own ``t
 Python recipe made of built-in parts can be written out as TOML and read back equal.
 ``unitrain train RECIPE --set config.epochs=3`` changes one value of either kind.
 
+A TOML recipe and ``--set`` are data: they name only registered types and keep logger and
+checkpoint paths inside the run folder, unless ``allow_imports`` / ``allow_absolute_paths``
+(``--allow-imports`` / ``--allow-absolute-paths``) say otherwise; see
+:mod:`unitrain._recipe_trust` for the entry points that register a package's types. A Python
+recipe is code: loading it runs it, so load only recipes you trust.
+
 Examples:
     >>> recipe = load_recipe("digits")
     >>> apply_overrides(recipe, ["config.epochs=2", "optimizer.momentum=0.5"]).config.epochs
@@ -26,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from unitrain import _toml
+from unitrain import _recipe_trust, _toml
 from unitrain._errors import ConfigError
 from unitrain.callbacks import callback_from_dict
 from unitrain.config import TrainerConfig
@@ -77,23 +83,38 @@ class Recipe:
     metrics: list[Any] = dataclasses.field(default_factory=list)
     name: str = "recipe"
 
-    def build(self, backend: Any = None, *, callbacks: Any = (), **config: Any) -> Any:
+    def build(
+        self,
+        backend: Any = None,
+        *,
+        callbacks: Any = (),
+        run_dir: str | Path | None = None,
+        **config: Any,
+    ) -> Any:
         """A :class:`~unitrain.trainer.Trainer` for this recipe on ``backend``.
 
         Args:
             backend: as ``Trainer(backend=...)``.
             callbacks: added after the recipe's own (loggers a command line adds).
+            run_dir: the run's folder; the recipe's callbacks then write their relative
+                paths (``path``, ``log_dir``, ``dirpath``) inside it, not in the working
+                directory. The recipe's own callbacks are left as they are.
             config: config fields to replace (``device="cpu"``, ``checkpoint_dir=...``).
         """
         from unitrain.trainer import Trainer  # the Trainer imports recipes' parts, not back
 
+        own = (
+            self.callbacks
+            if run_dir is None
+            else [_rooted(c, Path(run_dir)) for c in self.callbacks]
+        )
         return Trainer(
             self.model,
             backend=backend,
             optimizer=self.optimizer,
             schedule=self.schedule,
             loss=self.loss,
-            callbacks=[*self.callbacks, *callbacks],
+            callbacks=[*own, *callbacks],
             metrics=self.metrics,
             config=dataclasses.replace(self.config, **config),
         )
@@ -108,8 +129,18 @@ class Recipe:
         return loaded
 
 
-def load_recipe(spec: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+def load_recipe(
+    spec: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    allow_imports: bool = False,
+    allow_absolute_paths: bool = False,
+) -> Recipe:
     """Read a recipe: a ``.py`` file with ``recipe()``, a ``.toml`` file, or a built-in name.
+
+    A ``.py`` recipe is code and runs as it is imported: load only files you trust. A
+    ``.toml`` recipe and the ``overrides`` are data, held to what :func:`recipe_from_dict`
+    allows.
 
     Args:
         spec: the file, or the name of a built-in recipe (``"digits"``).
@@ -117,13 +148,20 @@ def load_recipe(spec: str | Path, overrides: Sequence[str] = ()) -> Recipe:
             does. A Python ``recipe(config)`` that takes a config is called with the
             overridden one, so what it derives from the config (a schedule sized to
             ``config.epochs``) follows ``--set config.epochs=3``.
+        allow_imports: let the TOML file and the overrides name any class as
+            ``"package.module:Class"``, which imports and runs it (``--allow-imports``).
+        allow_absolute_paths: let them point loggers, checkpoints and the run's name
+            outside the run folder (``--allow-absolute-paths``).
 
     Raises:
-        ConfigError: the file is missing, has no ``recipe()``, or describes something unknown.
+        ConfigError: the file is missing, has no ``recipe()``, describes something unknown,
+            or asks for what is not allowed.
     """
+    allowed = {"allow_imports": allow_imports, "allow_absolute_paths": allow_absolute_paths}
     if str(spec) in BUILT_IN:
         module = importlib.import_module(BUILT_IN[str(spec)])
-        return apply_overrides(_called(module, str(spec), overrides), list(overrides))
+        recipe = _called(module, str(spec), overrides, allowed)
+        return apply_overrides(recipe, list(overrides), **allowed)
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(
@@ -131,7 +169,7 @@ def load_recipe(spec: str | Path, overrides: Sequence[str] = ()) -> Recipe:
             f"({', '.join(BUILT_IN)}); pass a .py file with recipe() or a .toml file"
         )
     if path.suffix == ".toml":
-        recipe = recipe_from_dict(_toml.loads(path.read_text(encoding="utf-8"), path))
+        recipe = recipe_from_dict(_toml.loads(path.read_text(encoding="utf-8"), path), **allowed)
     elif path.suffix == ".py":
         module_name = f"unitrain_recipe_{path.stem}"
         loader = importlib.util.spec_from_file_location(module_name, path)
@@ -140,22 +178,22 @@ def load_recipe(spec: str | Path, overrides: Sequence[str] = ()) -> Recipe:
         module = importlib.util.module_from_spec(loader)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up here
         loader.loader.exec_module(module)
-        recipe = _called(module, str(path), overrides)
+        recipe = _called(module, str(path), overrides, allowed)
     else:
         raise ConfigError(f"{path}: a recipe file ends in .py or .toml")
     if recipe.name == "recipe":
         recipe.name = path.stem
-    return apply_overrides(recipe, list(overrides))
+    return apply_overrides(recipe, list(overrides), **allowed)
 
 
-def _called(module: Any, label: str, overrides: Sequence[str]) -> Recipe:
+def _called(module: Any, label: str, overrides: Sequence[str], allowed: dict[str, bool]) -> Recipe:
     make = getattr(module, "recipe", None)
     if not callable(make):
         raise ConfigError(f"{label}: a Python recipe defines recipe() returning a Recipe")
     recipe = make()
     if "config" in inspect.signature(make).parameters:
         config_only = [o for o in overrides if o.strip().startswith("config.")]
-        recipe = make(config=apply_overrides(recipe, config_only).config)
+        recipe = make(config=apply_overrides(recipe, config_only, **allowed).config)
     if not isinstance(recipe, Recipe):
         raise ConfigError(
             f"{label}: recipe() must return unitrain.recipe.Recipe, got {type(recipe).__name__}"
@@ -200,20 +238,20 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def _data_from_dict(data: dict[str, Any]) -> Any:
+def _data_from_dict(data: dict[str, Any], *, allow_imports: bool) -> Any:
+    """Data from its table: ``digits``, an entry point of ``unitrain.data``, or, with
+    ``allow_imports``, a class with ``load()`` and ``to_dict()`` as ``package.module:Class``."""
     from unitrain.recipes import Digits
 
     fields = dict(data)
     kind = fields.pop("type", None)
+    if not isinstance(kind, str):
+        raise ConfigError(f"[data] needs a 'type' (e.g. 'digits'), got {kind!r}")
     if kind == Digits.kind:
         cls: Any = Digits
-    elif isinstance(kind, str) and ":" in kind:
-        module, _, attribute = kind.partition(":")
-        cls = getattr(importlib.import_module(module), attribute)
     else:
-        raise ConfigError(
-            f"unknown data type {kind!r}; built in: ['digits'], or name a class with load() "
-            "and to_dict() as 'package.module:Class'"
+        cls = _recipe_trust.imported_type(
+            kind, "data", built_in=[Digits.kind], allow_imports=allow_imports
         )
     try:
         return cls(**fields)
@@ -221,8 +259,33 @@ def _data_from_dict(data: dict[str, Any]) -> Any:
         raise ConfigError(f"bad fields for data {kind!r}: {error}") from None
 
 
-def recipe_from_dict(data: dict[str, Any]) -> Recipe:
-    """Rebuild a recipe from :func:`recipe_to_dict` output (or a TOML file's tables)."""
+def recipe_from_dict(
+    data: dict[str, Any], *, allow_imports: bool = False, allow_absolute_paths: bool = False
+) -> Recipe:
+    """Rebuild a recipe from :func:`recipe_to_dict` output (or a TOML file's tables).
+
+    The tables are data, so they cannot run code: each ``type`` is a built-in one or one an
+    installed package registers (entry-point groups ``unitrain.callbacks`` and
+    ``unitrain.data``), and logger and checkpoint paths stay inside the run folder.
+
+    Args:
+        data: the recipe's tables.
+        allow_imports: let callbacks and data name any class as ``"package.module:Class"``,
+            which imports and runs it.
+        allow_absolute_paths: let logger and checkpoint paths (``path``, ``log_dir``,
+            ``dirpath``, ``config.checkpoint_dir``) and ``name`` be absolute or hold ``..``.
+
+    Raises:
+        ConfigError: a section or type is unknown, or something not allowed is asked for;
+            refused before any part is imported or built.
+    """
+    return _recipe_from_data(data, allow_imports, allow_absolute_paths, trusted=set())
+
+
+def _recipe_from_data(
+    data: dict[str, Any], allow_imports: bool, allow_absolute_paths: bool, trusted: set[str]
+) -> Recipe:
+    """:func:`recipe_from_dict`, where the strings in ``trusted`` came from code."""
     known = {field.name for field in dataclasses.fields(Recipe)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -230,10 +293,20 @@ def recipe_from_dict(data: dict[str, Any]) -> Recipe:
     for required in ("model", "data"):
         if required not in data:
             raise ConfigError(f"recipe: the [{required}] section is missing")
+    _recipe_trust.check_recipe_data(
+        data,
+        allow_imports=allow_imports,
+        allow_absolute_paths=allow_absolute_paths,
+        trusted=trusted,
+    )
+    # Types that passed the check as trusted were already imported by the code that made them.
+    imports = allow_imports or bool(trusted)
     fields: dict[str, Any] = {
         "model": model_from_dict(data["model"]),
-        "data": _data_from_dict(data["data"]),
-        "callbacks": [callback_from_dict(c) for c in data.get("callbacks", [])],
+        "data": _data_from_dict(data["data"], allow_imports=imports),
+        "callbacks": [
+            callback_from_dict(c, allow_imports=imports) for c in data.get("callbacks", [])
+        ],
         "metrics": [metric_from_dict(m) for m in data.get("metrics", [])],
     }
     if "optimizer" in data:
@@ -256,7 +329,13 @@ def recipe_to_toml(recipe: Recipe) -> str:
     return _toml.dumps(recipe_to_dict(recipe))
 
 
-def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
+def apply_overrides(
+    recipe: Recipe,
+    assignments: list[str],
+    *,
+    allow_imports: bool = False,
+    allow_absolute_paths: bool = False,
+) -> Recipe:
     """A copy of ``recipe`` with ``section.key=value`` assignments applied, in order.
 
     ``config.*`` changes a config field; any other section goes through its ``to_dict``, so
@@ -269,9 +348,18 @@ def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
     with a warning that names them (an SGD ``weight_decay`` is not AdamW's), and later
     assignments set the new type's fields (``optimizer.type=lion optimizer.beta2=0.98``). The
     recipe is checked once all assignments are in; the warnings come once it is valid.
+
+    Assignments are data, held to what :func:`recipe_from_dict` allows: a type or path they
+    bring in needs ``allow_imports`` / ``allow_absolute_paths`` where the file would. What
+    the recipe already held needs no flag (a Python recipe's own classes and paths are code).
+
+    Raises:
+        ConfigError: an assignment is malformed, names something unknown, or asks for what
+            is not allowed (refused before anything is imported).
     """
     current = dataclasses.replace(recipe)
     described: dict[str, Any] | None = None  # the recipe as data, once a part is changed
+    trusted: set[str] = set()  # what the recipe named before any assignment
     dropped: list[str] = []  # what each change of type dropped, said once the recipe is valid
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
@@ -288,12 +376,18 @@ def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
             fields = {f.name for f in dataclasses.fields(TrainerConfig)}
             if path[1] not in fields:
                 raise ConfigError(f"--set {assignment!r}: unknown config field; known {fields}")
+            _recipe_trust.check_recipe_data(
+                {"config": {path[1]: value}},
+                allow_imports=allow_imports,
+                allow_absolute_paths=allow_absolute_paths,
+            )
             current.config = dataclasses.replace(current.config, **{path[1]: value})
             if described is not None:
                 described["config"] = _config_dict(current.config)
             continue
         if described is None:
             described = recipe_to_dict(current)
+            trusted = _recipe_trust.strings_in(described)
         if section not in described:
             raise ConfigError(f"--set {assignment!r}: unknown section {section!r}")
         if path[-1] == "type":
@@ -302,10 +396,27 @@ def apply_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
             _assign(described, path, value, assignment)
     if described is None:
         return current
-    current = recipe_from_dict(described)
+    current = _recipe_from_data(described, allow_imports, allow_absolute_paths, trusted)
     for message in dropped:
         warnings.warn(message, stacklevel=2)
     return current
+
+
+def _rooted(callback: Any, run_dir: Path) -> Any:
+    """``callback``, or a copy of it whose relative paths lie inside ``run_dir``."""
+    try:
+        described = callback.to_dict()
+    except (AttributeError, ConfigError):
+        return callback  # not describable as data (it holds code): its paths are its own
+    moved = {
+        field: str(run_dir / value)
+        for field in _recipe_trust.PATH_FIELDS
+        if isinstance(value := described.get(field), str) and not Path(value).is_absolute()
+    }
+    if not moved:
+        return callback
+    # The class is already imported: the recipe holding it made it.
+    return callback_from_dict({**described, **moved}, allow_imports=True)
 
 
 def _retype(tree: Any, path: list[str], value: Any, assignment: str) -> list[str]:

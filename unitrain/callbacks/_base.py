@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import os
 from collections.abc import Iterable, Mapping
@@ -11,13 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError, ConfigError
+from unitrain._recipe_trust import imported_type
 
 if TYPE_CHECKING:
     from unitrain.trainer import Trainer
 
 __all__ = ["HOOKS", "Callback", "CallbackList", "callback_from_dict", "restored"]
 
-#: Built-in callbacks by ``type`` name; other callbacks are named ``"package.module:Class"``.
+#: Built-in callbacks by ``type`` name; others are registered through entry points or named
+#: ``"package.module:Class"`` (see :func:`callback_from_dict`).
 _REGISTRY: dict[str, type[Callback]] = {}
 
 HOOKS = (
@@ -193,8 +194,20 @@ class CallbackList:
                 ) from error
 
 
-def callback_from_dict(data: Mapping[str, Any]) -> Any:
+def callback_from_dict(data: Mapping[str, Any], *, allow_imports: bool = False) -> Any:
     """Build a callback from :meth:`Callback.to_dict` output (``type`` plus arguments).
+
+    ``type`` is a built-in callback's class name, a name an installed package registers in
+    the ``unitrain.callbacks`` entry-point group, or, only with ``allow_imports``, any class
+    as ``"package.module:Class"`` (importing it runs code, which data must not do unasked).
+
+    Args:
+        data: ``{"type": name, **arguments}``.
+        allow_imports: import an unregistered ``"package.module:Class"``.
+
+    Raises:
+        ConfigError: the type is unknown or may not be imported (refused before importing),
+            or the arguments do not fit it.
 
     Examples:
         >>> callback_from_dict({"type": "EarlyStopping", "patience": 2}).patience
@@ -206,17 +219,8 @@ def callback_from_dict(data: Mapping[str, Any]) -> Any:
         raise ConfigError(f"a callback needs a 'type' (a class name), got {dict(data)!r:.200}")
     if name in _REGISTRY:
         cls: Any = _REGISTRY[name]
-    elif ":" in name:
-        module, _, attribute = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as error:
-            raise ConfigError(f"callback type {name!r} cannot be imported: {error}") from None
     else:
-        raise ConfigError(
-            f"unknown callback type {name!r}; built in: {sorted(_REGISTRY)}, or name your own "
-            "class as 'package.module:Class'"
-        )
+        cls = imported_type(name, "callback", built_in=_REGISTRY, allow_imports=allow_imports)
     try:
         return cls(**arguments)
     except TypeError as error:

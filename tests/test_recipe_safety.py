@@ -123,6 +123,13 @@ def test_set_cannot_point_a_checkpoint_outside_the_run_folder(assignment):
     load_recipe("digits", [assignment], allow_absolute_paths=True)
 
 
+def test_a_toml_name_cannot_move_the_run_folder_elsewhere(tmp_path):
+    path = toml_recipe(tmp_path, "")
+    path.write_text(path.read_text().replace('name = "digits"', 'name = "../../elsewhere"'))
+    with pytest.raises(ConfigError, match=r"name = '\.\./\.\./elsewhere'.*inside the run folder"):
+        load_recipe(path)
+
+
 def test_a_relative_logger_path_inside_the_run_folder_is_fine(tmp_path):
     path = toml_recipe(tmp_path, '\n[[callbacks]]\ntype = "CSVLogger"\npath = "logs/m.csv"\n')
     assert load_recipe(path).callbacks[-1].path == Path("logs/m.csv")

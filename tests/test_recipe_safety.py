@@ -88,6 +88,18 @@ def test_a_set_table_holding_a_type_is_refused_too(tmp_path):
     assert not marker.exists()
 
 
+def test_a_string_elsewhere_in_a_toml_recipe_does_not_make_it_a_trusted_type(tmp_path):
+    path = toml_recipe(
+        tmp_path,
+        '\n[[callbacks]]\ntype = "CSVLogger"\npath = "os:system"\n',
+        data='type = "digits"',
+    )
+    with pytest.raises(ConfigError, match=REFUSAL.format("os:system")):
+        load_recipe(path, ["callbacks.0.type=os:system"])
+    with pytest.raises(ConfigError, match=REFUSAL.format("os:system")):
+        load_recipe(path, ["data.type=os:system"])
+
+
 def test_a_refused_type_is_not_even_imported(tmp_path, monkeypatch):
     marker = tmp_path / "imported"
     (tmp_path / "loud_module.py").write_text(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 from typing import Any
 
@@ -33,7 +33,6 @@ __all__ = [
     "check_recipe_data",
     "entry_point_types",
     "imported_type",
-    "strings_in",
 ]
 
 #: The entry-point group in which an installed package registers types of each part kind.
@@ -105,12 +104,33 @@ def _check_path(value: Any, where: str) -> None:
         )
 
 
+def _types(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(kind, type)`` of each part whose type may be imported: the data and the callbacks."""
+    callbacks = data.get("callbacks")
+    tables = [("data", data.get("data"))]
+    tables += [("callback", c) for c in (callbacks if isinstance(callbacks, list) else [])]
+    return [(kind, table.get("type")) for kind, table in tables if isinstance(table, Mapping)]
+
+
+def _paths(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(where, value)`` of each path the recipe writes to, and of its name (its folder)."""
+    paths: list[tuple[str, Any]] = [("name", data.get("name"))]
+    config = data.get("config")
+    if isinstance(config, Mapping):
+        paths.append(("config.checkpoint_dir", config.get("checkpoint_dir")))
+    callbacks = data.get("callbacks")
+    for index, callback in enumerate(callbacks if isinstance(callbacks, list) else []):
+        if isinstance(callback, Mapping):
+            paths += [(f"callbacks.{index}.{f}", callback.get(f)) for f in PATH_FIELDS]
+    return paths
+
+
 def check_recipe_data(
     data: Mapping[str, Any],
     *,
     allow_imports: bool,
     allow_absolute_paths: bool,
-    trusted: Collection[str] = (),
+    before: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuse what a recipe given as data may not do, before any of its parts is built.
 
@@ -119,42 +139,22 @@ def check_recipe_data(
         allow_imports: let an unregistered ``"package.module:Class"`` type through.
         allow_absolute_paths: let logger and checkpoint paths, and the run's name, point
             outside the run folder.
-        trusted: types and paths that came from code (a Python recipe being overridden),
-            which need no flag.
+        before: the same recipe before ``--set`` changed it. Its types and paths need no
+            flag again: they came from code (a Python recipe) or passed this check already.
+            Only a type counts as a known type, only a path as a known path.
 
     Raises:
         ConfigError: a type would import code, or a path leaves the run folder.
     """
-    parts = [("data", data.get("data"))]
-    callbacks = data.get("callbacks")
-    if isinstance(callbacks, list):
-        parts += [("callback", callback) for callback in callbacks]
-    for kind, table in parts:
-        if not isinstance(table, Mapping):
+    known_types = {name for _, name in _types(before or {})}
+    known_paths = {value for _, value in _paths(before or {})}
+    for kind, name in _types(data):
+        if allow_imports or not isinstance(name, str) or ":" not in name:
             continue
-        name = table.get("type")
-        if not allow_imports and isinstance(name, str) and ":" in name and name not in trusted:
+        if name not in known_types:
             _check_import_allowed(name, kind, entry_point_types(ENTRY_POINT_GROUPS[kind]))
     if allow_absolute_paths:
         return
-    paths: list[tuple[str, Any]] = [("name", data.get("name"))]
-    config = data.get("config")
-    if isinstance(config, Mapping):
-        paths.append(("config.checkpoint_dir", config.get("checkpoint_dir")))
-    for index, callback in enumerate(callbacks if isinstance(callbacks, list) else []):
-        if isinstance(callback, Mapping):
-            paths += [(f"callbacks.{index}.{f}", callback.get(f)) for f in PATH_FIELDS]
-    for where, value in paths:
-        if value not in trusted:
+    for where, value in _paths(data):
+        if value not in known_paths:
             _check_path(value, where)
-
-
-def strings_in(tree: Any) -> set[str]:
-    """Every string anywhere in nested dicts and lists (what a code-made recipe named)."""
-    if isinstance(tree, str):
-        return {tree}
-    if isinstance(tree, Mapping):
-        tree = list(tree.values())
-    if isinstance(tree, list):
-        return set().union(*(strings_in(item) for item in tree))
-    return set()

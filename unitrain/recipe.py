@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -279,13 +280,16 @@ def recipe_from_dict(
         ConfigError: a section or type is unknown, or something not allowed is asked for;
             refused before any part is imported or built.
     """
-    return _recipe_from_data(data, allow_imports, allow_absolute_paths, trusted=set())
+    return _recipe_from_data(data, allow_imports, allow_absolute_paths, before=None)
 
 
 def _recipe_from_data(
-    data: dict[str, Any], allow_imports: bool, allow_absolute_paths: bool, trusted: set[str]
+    data: dict[str, Any],
+    allow_imports: bool,
+    allow_absolute_paths: bool,
+    before: dict[str, Any] | None,
 ) -> Recipe:
-    """:func:`recipe_from_dict`, where the strings in ``trusted`` came from code."""
+    """:func:`recipe_from_dict`; the types and paths ``before`` held need no flag again."""
     known = {field.name for field in dataclasses.fields(Recipe)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -297,10 +301,10 @@ def _recipe_from_data(
         data,
         allow_imports=allow_imports,
         allow_absolute_paths=allow_absolute_paths,
-        trusted=trusted,
+        before=before,
     )
-    # Types that passed the check as trusted were already imported by the code that made them.
-    imports = allow_imports or bool(trusted)
+    # Every type left is registered, allowed, or known from before (already imported).
+    imports = allow_imports or before is not None
     fields: dict[str, Any] = {
         "model": model_from_dict(data["model"]),
         "data": _data_from_dict(data["data"], allow_imports=imports),
@@ -359,7 +363,7 @@ def apply_overrides(
     """
     current = dataclasses.replace(recipe)
     described: dict[str, Any] | None = None  # the recipe as data, once a part is changed
-    trusted: set[str] = set()  # what the recipe named before any assignment
+    before: dict[str, Any] | None = None  # the recipe as data before the assignments
     dropped: list[str] = []  # what each change of type dropped, said once the recipe is valid
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
@@ -387,7 +391,7 @@ def apply_overrides(
             continue
         if described is None:
             described = recipe_to_dict(current)
-            trusted = _recipe_trust.strings_in(described)
+            before = copy.deepcopy(described)
         if section not in described:
             raise ConfigError(f"--set {assignment!r}: unknown section {section!r}")
         if path[-1] == "type":
@@ -396,7 +400,7 @@ def apply_overrides(
             _assign(described, path, value, assignment)
     if described is None:
         return current
-    current = _recipe_from_data(described, allow_imports, allow_absolute_paths, trusted)
+    current = _recipe_from_data(described, allow_imports, allow_absolute_paths, before)
     for message in dropped:
         warnings.warn(message, stacklevel=2)
     return current

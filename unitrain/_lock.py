@@ -450,7 +450,7 @@ def _heartbeat_news(owner: dict[str, Any], age: float, stale: float) -> str:
         return ""
     limit = _limit(owner, stale)
     if limit is None:
-        return "; it records no heartbeat (an older unitrain wrote it), so it is never taken over"
+        return "; it records no heartbeat, being from an older unitrain, so it is never taken over"
     shown = f"{age:.0f} s old" if age > -1 else f"dated {-age:.0f} s ahead of this host's clock"
     return (
         f"; its heartbeat is {shown}, and a lock from another host is taken over once its "

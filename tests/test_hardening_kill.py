@@ -121,6 +121,9 @@ def stable_trainer_state(info: dict[str, Any]) -> dict[str, Any]:
     # The metrics file's length depends on how many digits each line's "seconds" has.
     info.get("callbacks", {}).get("JSONLLogger", {}).pop("offset", None)
     info.get("config", {}).pop("checkpoint_dir", None)
+    # Each run draws its own id; a killed run's resumptions keep its id and generation, and
+    # the generation (0) and parent (none) are compared: the run never branched.
+    info.get("run", {}).pop("id", None)
     return info
 
 

@@ -7,14 +7,18 @@ from an older checkpoint with another batch size had its own newest checkpoint d
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
+from unitrain._lock import LOCK_NAME, DirectoryLockedError
 from unitrain.checkpoint import (
     CheckpointWarning,
     checkpoint_run,
@@ -152,3 +156,26 @@ def test_unitrain_train_twice_in_one_folder_is_refused_and_keeps_the_metrics(tmp
     assert "holds 2 checkpoint(s) of an earlier run" in again.stderr
     assert "--resume auto" in again.stderr
     assert (tmp_path / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_run_whose_folder_is_taken_over_mid_run_stops_before_writing(tmp_path, monkeypatch):
+    """checkpoints/ deleted mid-run and another run started there: this run used to go on
+    writing into the other's folder. Now it stops at the epoch's end, before its next save."""
+    monkeypatch.setenv("UNITRAIN_LOCK_HEARTBEAT_SECONDS", "0.1")
+
+    class TakeOver(callbacks.Callback):
+        def on_validation_begin(self, trainer) -> None:
+            if trainer.state.epoch == 1:
+                shutil.rmtree(tmp_path)
+                tmp_path.mkdir()
+                (tmp_path / LOCK_NAME).write_text(
+                    json.dumps({"pid": 4242, "host": "other-node", "started": time.time()})
+                )
+                time.sleep(0.5)  # a few heartbeats: this run's notices the lock is not its own
+
+    trainer = make(tmp_path, epochs=3)
+    trainer.callbacks = type(trainer.callbacks)([TakeOver(), *trainer.callbacks.callbacks])
+    with pytest.raises(DirectoryLockedError, match="lost its lock"):
+        trainer.fit((X, Y), (X[:16], Y[:16]))
+    assert trainer.state.epoch == 2 and list_checkpoints(tmp_path) == []
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "other-node"

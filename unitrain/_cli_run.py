@@ -95,7 +95,7 @@ def train(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {"checkpoint_dir": str(out / "checkpoints")}
     if args.device:
         settings["device"] = args.device
-    trainer = recipe.build(backend, callbacks=loggers, **settings)
+    trainer = recipe.build(backend, callbacks=loggers, run_dir=out, **settings)
     if launched_worker():  # never train on (holding the lock) once the launcher is gone
         die_with_parent()
     train_data, val_data = recipe.load_data()

@@ -128,8 +128,7 @@ class FitLoop:
         self.state.epoch, self.state.batch = epoch + 1, 0
         self._reset_running()
         self.callbacks.call("on_epoch_end", self, epoch, logs)
-        if self._attention or self._parallel:  # a signal during validation or the hooks
-            self._attend()
+        self._attend()  # a signal during validation or the hooks; a lost run lock
 
     def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
         """The epoch's work from the current position: ``(kind, payload, updates, batch)``.

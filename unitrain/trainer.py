@@ -23,7 +23,7 @@ from unitrain._errors import CheckpointError, ConfigError
 from unitrain._evaluation import evaluate
 from unitrain._fit_loop import FitLoop
 from unitrain._lineage import Lineage, claim_folders, lineage_for
-from unitrain._lock import locked
+from unitrain._lock import RunLock, check_locks, locked
 from unitrain._preemption import Preempted, SignalWatch, restart_resume
 from unitrain._run_state import RunState, TrainState, restore, snapshot
 from unitrain.backend import Backend, BackendOptions, Predict
@@ -39,7 +39,7 @@ from unitrain.checkpoint import (
 from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import BatchSource, as_batch_source, check_source
 from unitrain.metrics import resolve_metrics
-from unitrain.models import MLP
+from unitrain.models import MLP, AbstractLayer
 from unitrain.optim import SGD, Optimizer
 from unitrain.registry import get_backend
 from unitrain.schedules import AbstractSchedule, Constant
@@ -150,6 +150,7 @@ class Trainer(FitLoop):
         self._writer = CheckpointWriter(on_failure=self._ask_attention)
         self._signals = SignalWatch(config.preemption_signals, self._ask_attention)
         self._last_save: tuple[int, Path] | None = None  # (step, path) of the newest save
+        self._locks: list[RunLock] = []  # held during fit, by rank 0 (see unitrain._lock)
         rng.seed_everything(config.seed)
 
     # -- public API ---------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class Trainer(FitLoop):
         directories = directories if self.strategy.is_main else []
         # A signal from here on is answered after the next update; none can end the run
         # between taking the lock and training.
-        with self._signals, locked(directories):
+        with self._signals, locked(directories) as self._locks:
             for directory in directories:  # safe now: no other run writes there
                 remove_leftovers(directory)
             self.strategy.barrier()  # the others read checkpoints once rank 0 cleaned up
@@ -346,6 +347,7 @@ class Trainer(FitLoop):
             self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
             self.strategy.barrier()
             return Path(path)
+        check_locks(self._locks)  # never write where another run has taken over
         state = snapshot(self)
         if background:
             saved = self._writer.save(path, then=then, **state)
@@ -389,11 +391,18 @@ class Trainer(FitLoop):
     # -- data and resume ----------------------------------------------------------------------
 
     def _source(self, data: Any, label: str, shuffle: bool) -> BatchSource:
+        """``data`` as a batch source, checked against a portable model before any update.
+
+        Inputs must fit the model; labels (cross-entropy) or targets (mse) its outputs, whose
+        shape comes from the model's description. A native model has none: its backend
+        checks what it can.
+        """
         source = as_batch_source(data, self.config.batch_size, self.config.seed, shuffle, label)
-        if isinstance(self.model, MLP):
-            classes = self.model.out_features if self.loss == "cross_entropy" else None
+        if isinstance(self.model, AbstractLayer):
+            # An MLP keeps its own message about the feature size.
+            in_features = self.model.in_features if isinstance(self.model, MLP) else None
             check_source(
-                source, in_features=self.model.in_features, num_classes=classes, name=label
+                source, in_features=in_features, model=self.model, loss=self.loss, name=label
             )
         return source
 
@@ -412,13 +421,17 @@ class Trainer(FitLoop):
         self._attention = True
 
     def _attend(self) -> None:
-        """Act on a failed background save or a preemption signal (see :class:`FitLoop`).
+        """Act on a lost run lock, a failed background save or a preemption signal.
+
+        The loop calls it at every epoch's end, and after an update that raised the
+        attention flag (see :class:`FitLoop`).
 
         With several workers this runs at every logging point and epoch end on all of them
         (not on the flag, which only some may have): they agree there on whether any was
         signalled, so all stop at the same step and rank 0 saves it.
         """
         self._attention = False
+        check_locks(self._locks)  # a flag the lock's heartbeat sets: no file system access
         if self._writer.failed:
             self._recover_failed_save()
         signalled = self._signals.received

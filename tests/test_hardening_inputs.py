@@ -42,6 +42,7 @@ from unitrain import (
     schedules,
 )
 from unitrain._lock import DirectoryLockedError
+from unitrain.recipe import load_recipe
 from unitrain.checkpoint import _write, load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -622,6 +623,62 @@ class NaNAtStep3:
 )
 def nonfinite_loss(tmp: Path) -> None:
     trainer(log_every_n_steps=1).fit(NaNAtStep3())
+
+
+@entry(
+    SECTION,
+    "Something other than a file at the lock's name (a FIFO, a symlink)",
+    DirectoryLockedError,
+    "Remove it, unless something of yours needs it there.",
+)
+def lock_not_a_file(tmp: Path) -> None:
+    os.mkfifo(tmp / ".unitrain.lock")
+    trainer(checkpoint_dir=str(tmp)).fit(arrays())
+
+
+@entry(
+    SECTION,
+    "A run lock timing variable that is not a number of seconds",
+    ConfigError,
+    "Set a positive number, or unset the variable.",
+)
+def lock_heartbeat_variable(tmp: Path) -> None:
+    os.environ["UNITRAIN_LOCK_HEARTBEAT_SECONDS"] = "ten"
+    try:
+        trainer(checkpoint_dir=str(tmp)).fit(arrays())
+    finally:
+        del os.environ["UNITRAIN_LOCK_HEARTBEAT_SECONDS"]
+
+
+# -- recipes ---------------------------------------------------------------------------------------
+
+SECTION = "Recipes"
+
+
+@entry(
+    SECTION,
+    "A TOML recipe or --set naming a 'module:attr' type (code)",
+    ConfigError,
+    "Pass `--allow-imports` if you trust that code, register the class as an entry point, or "
+    "write a Python recipe.",
+)
+def recipe_imports_code(tmp: Path) -> None:
+    load_recipe("digits", ["data.type=os:system"])
+
+
+@entry(
+    SECTION,
+    "A recipe path outside the run folder",
+    ConfigError,
+    "Use a relative path inside the run folder, or pass `--allow-absolute-paths`.",
+)
+def recipe_path_outside(tmp: Path) -> None:
+    load_recipe("digits", ["callbacks.1.dirpath=/tmp/x"])
+
+
+@entry(SECTION, "An unknown callback type in a recipe", ConfigError, "Use a listed name.")
+def recipe_unknown_callback(tmp: Path) -> None:
+    load_recipe("digits", ["callbacks.0.type=nope"])
 
 
 # -- the test -------------------------------------------------------------------------------------

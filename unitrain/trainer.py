@@ -227,9 +227,7 @@ class Trainer(FitLoop):
         check_splittable(source, self.strategy.world_size)
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
-        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
-        directories = [Path(d) for d in [self.config.checkpoint_dir, *declared] if d is not None]
-        directories = directories if self.strategy.is_main else []
+        directories = self._checkpoint_folders() if self.strategy.is_main else []
         # A signal from here on is answered after the next update; none can end the run
         # between taking the lock and training.
         with self._signals, locked(directories) as self._locks:
@@ -406,6 +404,11 @@ class Trainer(FitLoop):
             )
         return source
 
+    def _checkpoint_folders(self) -> list[Path]:
+        """``checkpoint_dir`` (first), then the folders callbacks declare they write to."""
+        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
+        return [Path(d) for d in [self.config.checkpoint_dir, *declared] if d is not None]
+
     def _nothing_to_resume(self, resume: str) -> bool:
         """Whether ``resume="latest"``/``"auto"`` finds no checkpoint at all (a first run).
 
@@ -447,11 +450,10 @@ class Trainer(FitLoop):
 
         In ``checkpoint_dir``, named as ModelCheckpoint names it, so ``resume="latest"`` and
         pruning treat it as one of the run's checkpoints."""
-        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
-        folder = self.config.checkpoint_dir or next(iter(declared), None)
-        if folder is None:
+        folders = self._checkpoint_folders()
+        if not folders:
             return None
-        return Path(folder) / checkpoint_name(self.epoch_number, self.state.step)
+        return folders[0] / checkpoint_name(self.epoch_number, self.state.step)
 
     def _recover_failed_save(self) -> None:
         """A background save failed: save this step synchronously, or stop with both errors."""

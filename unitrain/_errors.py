@@ -9,6 +9,7 @@ __all__ = [
     "DataError",
     "MissingFrameworkError",
     "NonFiniteError",
+    "RunFolderError",
     "UnitrainError",
 ]
 
@@ -35,6 +36,17 @@ class MissingFrameworkError(UnitrainError, ImportError):
 
 class CheckpointError(UnitrainError):
     """A checkpoint is missing, truncated, corrupted or does not match the run loading it."""
+
+
+class RunFolderError(CheckpointError):
+    """A file or folder of a run (metrics, event files, checkpoints) cannot be written.
+
+    Raised before training when the folder is read-only, full or not ours to write, and while
+    training when a write fails; also for a run file that is a symlink, FIFO, device or
+    directory, which unitrain never writes through. A :class:`CheckpointError` because it is
+    about the run folder that holds the checkpoints, so ``except CheckpointError`` around a
+    ``fit`` still catches every storage problem. The OSError, if any, is its ``__cause__``.
+    """
 
 
 class NonFiniteError(UnitrainError, FloatingPointError):

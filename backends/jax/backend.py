@@ -166,6 +166,7 @@ class JaxBackend:
         self._losses = losslog.LossLog(lambda: self._state.losses, self._fresh_losses)
         self._grads: Any = None  # None means zero: the fused path never allocates buffers
         self._vjp: Any = None
+        self._loss: Any = None  # the last forward's loss: backward makes NaN gradients of NaN
         self._micro_batch = 0
         self._data: tuple[Any, Any] | None = None
         self._lr = ResidentScalar(self._put)
@@ -179,7 +180,7 @@ class JaxBackend:
 
     @property
     def skipped_steps(self) -> int:
-        """Updates skipped because a gradient was not finite (reads a device counter)."""
+        """Updates skipped because a loss or gradient was not finite (reads a device counter)."""
         return int(np.asarray(self._state.counters)[SKIPPED])
 
     def _put(self, value: Any) -> Any:
@@ -230,6 +231,7 @@ class JaxBackend:
             state.params, state.model_state, x, y, self._settings, state.counters, micro
         )
         self._state = state._replace(model_state=model_state)
+        self._loss = loss
         self._micro_batch += 1
         return loss
 
@@ -241,14 +243,15 @@ class JaxBackend:
             )
         cotangent = np.float32(scale)  # d(scale * loss)/d(loss), pulled back through the VJP
         counters = self._state.counters  # the loss scale, under "16-mixed"
+        vjp, loss = self._vjp, self._loss
         if self._grads is None:
-            self._grads = self._fn.backward(self._vjp, cotangent, counters)
+            self._grads = self._fn.backward(vjp, loss, cotangent, counters)
         else:
-            self._grads = self._fn.accumulate(self._vjp, self._grads, cotangent, counters)
-        self._vjp = None
+            self._grads = self._fn.accumulate(vjp, loss, self._grads, cotangent, counters)
+        self._vjp = self._loss = None
 
     def step(self, lr: float) -> None:
-        """Clip, update at ``lr`` unless a gradient is not finite, zero the buffers."""
+        """Clip, update at ``lr`` unless a loss or gradient is not finite, zero the buffers."""
         grads = self._grads
         if grads is None:
             grads = jax.tree.map(jnp.zeros_like, self._state.params)

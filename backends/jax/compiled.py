@@ -51,8 +51,8 @@ class DeviceState(NamedTuple):
 
     The counters share one array (each leaf of the donated state costs ~0.7 µs per call):
     ``[APPLIED]`` updates applied (the dropout key's step), ``[SKIPPED]`` updates skipped
-    for a non-finite gradient, ``[CURSOR]`` the next slot of ``losses`` that ``train_step``
-    writes (see :mod:`.losslog`), and under ``"16-mixed"`` the loss scaler's state:
+    for a non-finite loss or gradient, ``[CURSOR]`` the next slot of ``losses`` that
+    ``train_step`` writes (see :mod:`.losslog`), and under ``"16-mixed"`` the loss scaler's state:
     ``[SCALE_EXPONENT]`` ``log2`` of the scale, ``[GOOD_STEPS]`` consecutive finite updates.
     ``model_state`` is the model's non-trainable state (an empty dict for a model without any).
     """
@@ -166,7 +166,10 @@ def build_functions(
         """What the loss is multiplied by before differentiation: 1 unless scaling."""
         return jnp.float32(1.0) if scaler is None else scale_of(counters[SCALE_EXPONENT])
 
-    def update(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
+    def update(
+        state: DeviceState, grads: Any, lr: Any, cfg: Settings, loss: Any = None
+    ) -> DeviceState:
+        """Apply ``grads`` unless they (or ``loss``, when given) are not finite."""
         if scaler is not None:  # unscale (exact: a power of two) before clipping
             inverse = 1.0 / loss_scale(state.counters)
             grads = jax.tree.map(lambda g: g * inverse, grads)
@@ -178,6 +181,7 @@ def build_functions(
             lr,
             cfg.clip_norm if clipping else None,
             branch=branch,
+            loss=loss,
         )
         counters = state.counters
         if scaler is not None:
@@ -199,7 +203,7 @@ def build_functions(
             return (loss if scaler is None else loss * scale), (loss, model_state)
 
         (_, (loss, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-        return update(state._replace(model_state=model_state), grads, lr, cfg), loss
+        return update(state._replace(model_state=model_state), grads, lr, cfg, loss), loss
 
     def forward(
         params: Any, model_state: Any, x: Any, y: Any, cfg: Settings, counters: Any, micro: Any
@@ -211,13 +215,20 @@ def build_functions(
             lambda p: train_loss(p, model_state, x, y, cfg, step, micro), params, has_aux=True
         )
 
-    def backward(vjp: Any, scale: Any, counters: Any) -> Any:
-        counts["backward"] += 1
-        return vjp(scale * loss_scale(counters))[0]
+    def pulled_back(vjp: Any, loss: Any, scale: Any, counters: Any) -> Any:
+        """The gradients, NaN where ``loss`` is not finite: ``step`` sees only gradients, and
+        a loss can be NaN while they are finite (a label out of range)."""
+        grads = vjp(scale * loss_scale(counters))[0]
+        poison = jnp.where(jnp.isfinite(loss), 0.0, jnp.nan)
+        return jax.tree.map(lambda g: g + poison.astype(g.dtype), grads)
 
-    def accumulate(vjp: Any, grads: Any, scale: Any, counters: Any) -> Any:
+    def backward(vjp: Any, loss: Any, scale: Any, counters: Any) -> Any:
+        counts["backward"] += 1
+        return pulled_back(vjp, loss, scale, counters)
+
+    def accumulate(vjp: Any, loss: Any, grads: Any, scale: Any, counters: Any) -> Any:
         counts["accumulate"] += 1
-        return jax.tree.map(jnp.add, grads, vjp(scale * loss_scale(counters))[0])
+        return jax.tree.map(jnp.add, grads, pulled_back(vjp, loss, scale, counters))
 
     def step(state: DeviceState, grads: Any, lr: Any, cfg: Settings) -> DeviceState:
         counts["step"] += 1
@@ -266,7 +277,7 @@ def build_functions(
         trace_counts=counts,
         forward=jit(forward),
         backward=jit(backward),
-        accumulate=jit(accumulate, donate_argnums=1),
+        accumulate=jit(accumulate, donate_argnums=2),
         step=jit(step, donate_argnums=0),
         train_step=jit(train_step, donate_argnums=0),
         train_steps=jit(train_steps, donate_argnums=0),

@@ -85,7 +85,10 @@ def host_batch(x: Any, y: Any, tokens: bool, classification: bool) -> tuple[Any,
     ):
         return x, y
     if not isinstance(x, jax.Array):
-        x = np.asarray(x, np.float32)
+        # A float64 value past float32's range becomes inf, as on the other backends: the
+        # non-finite guard and the Trainer's policy deal with it, so numpy need not warn.
+        with np.errstate(over="ignore"):
+            x = np.asarray(x, np.float32)
     if not isinstance(y, jax.Array):
         y = np.asarray(y)
         if classification or np.issubdtype(y.dtype, np.integer):

@@ -176,8 +176,15 @@ def dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array
 
 def _cross_entropy(outputs: jax.Array, targets: jax.Array) -> jax.Array:
     log_probs = jax.nn.log_softmax(outputs, axis=-1)
+    classes = log_probs.shape[-1]
+    # A label outside [0, classes) makes the loss NaN, which the non-finite guard skips and
+    # the Trainer's policy reports: a check on the host would wait for the device every step,
+    # and indexing alone would read -1 as the last class (and a label past the end as NaN
+    # with finite gradients).
+    valid = (targets >= 0) & (targets < classes)
+    picked = jnp.take_along_axis(log_probs, jnp.where(valid, targets, 0)[..., None], axis=-1)
     # Every position of (N, L, V) sequence logits counts, as every row of (N, V) does.
-    return -jnp.mean(jnp.take_along_axis(log_probs, targets[..., None], axis=-1))
+    return -jnp.mean(jnp.where(valid, picked[..., 0], jnp.nan))
 
 
 def _mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:

@@ -245,8 +245,10 @@ def guarded_update(
     clip_norm: jax.Array | None,
     *,
     branch: bool,
+    loss: jax.Array | None = None,
 ) -> tuple[Any, Any, jax.Array]:
-    """Clip, update at ``lr``, and keep the old values if the gradient norm is not finite.
+    """Clip, update at ``lr``, and keep the old values if the gradient norm (or ``loss``,
+    when given) is not finite.
 
     The clip coefficient is torch's ``max_norm / (norm + 1e-6)`` clamped at one, and a
     non-finite norm skips; ``clip_norm=None`` leaves the clipping out of the program and
@@ -268,6 +270,8 @@ def guarded_update(
         grads = jax.tree.map(lambda g: g * coefficient, grads)
     else:
         finite = _all_finite(leaves)
+    if loss is not None:  # a loss can be NaN with finite gradients (a label out of range)
+        finite = finite & jnp.isfinite(loss)
     optimizer = optimizer_at(lr)
 
     def update(params: Any, opt_state: Any) -> tuple[Any, Any]:

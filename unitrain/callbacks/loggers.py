@@ -6,11 +6,13 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError
+from unitrain._files import open_regular, probe_writable, raising_write_errors, require_regular_file
 from unitrain.callbacks._base import Callback, restored
 
 if TYPE_CHECKING:
@@ -58,6 +60,11 @@ class _EpochFileLogger(Callback):
     The file's length after each line is part of the callback's checkpoint state; a resumed
     run cuts the file back to that length first, so epochs re-run after the checkpoint are
     not written twice.
+
+    When training begins, the folder is checked to be writable and the file to be a regular
+    one (or absent): a read-only or full folder, or a symlink, FIFO or device in the file's
+    place, is refused before the first update rather than after the first epoch. A write that
+    fails later is a :class:`~unitrain._errors.RunFolderError` (see :mod:`unitrain._files`).
     """
 
     #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
@@ -69,6 +76,8 @@ class _EpochFileLogger(Callback):
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self._offset = 0
+        probe_writable(self.path.parent)
+        require_regular_file(self.path)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._offset = restored(state, "offset", (int,), 0)
@@ -78,17 +87,21 @@ class _EpochFileLogger(Callback):
         return {"offset": self._offset, **self._extra_state()}
 
     def _write(self, text: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        resuming = self._offset > 0 and self.path.exists()
-        if resuming:
-            # A file shorter than the saved offset lost lines since (edited, or restored from
-            # a backup): append after what is there rather than pad it with NUL bytes.
-            self._offset = min(self._offset, self.path.stat().st_size)
-        with open(self.path, "r+" if resuming else "w", encoding="utf-8", newline="") as handle:
-            handle.truncate(self._offset if resuming else 0)
-            handle.seek(self._offset if resuming else 0)
-            handle.write(text)
-            self._offset = handle.tell()
+        # The file is opened as bytes: the saved offset counts bytes, whatever the text.
+        resuming = self._offset > 0 and os.path.lexists(self.path)
+        with (
+            raising_write_errors(self.path, "write the epoch's metrics"),
+            open_regular(self.path, "r+" if resuming else "w") as handle,
+        ):
+            if resuming:
+                # A file shorter than the saved offset lost lines since (edited, or restored
+                # from a backup): append after what is there rather than pad it with NUL bytes.
+                offset = min(self._offset, os.fstat(handle.fileno()).st_size)
+                handle.truncate(offset)
+                handle.seek(offset)
+            handle.write(text.encode("utf-8"))
+            written = handle.tell()
+        self._offset = written  # only once the line is out: a failed write keeps the old one
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

@@ -10,13 +10,17 @@ reproducible, and unitrain says so in a warning.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from unitrain._errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from unitrain.models import AbstractLayer
 
 __all__ = [
     "ArrayLoader",
@@ -25,6 +29,7 @@ __all__ = [
     "as_batch_source",
     "check_arrays",
     "check_source",
+    "check_targets",
 ]
 
 Batch = tuple[Any, Any]
@@ -52,6 +57,8 @@ def check_arrays(
     *,
     in_features: int | None = None,
     num_classes: int | None = None,
+    model: AbstractLayer | None = None,
+    loss: Any = None,
     name: str = "data",
 ) -> None:
     """Raise :class:`DataError` if the arrays cannot be trained on, saying what to fix.
@@ -61,6 +68,10 @@ def check_arrays(
         targets: labels or regression targets, same first axis.
         in_features: expected size of an input's last axis, when the model is known.
         num_classes: for classification, labels must be ints in ``[0, num_classes)``.
+        model: a portable model (:mod:`unitrain.models`): the inputs must fit it (shape,
+            token ids) and, for ``loss``, the targets its outputs (see :func:`check_targets`).
+        loss: the loss the targets are for, ``"cross_entropy"`` or ``"mse"``; any other
+            (a native loss) leaves the targets unchecked.
         name: what to call the data in messages (``"train_data"``, ``"val_data"``).
     """
     inputs, targets = np.asarray(inputs), np.asarray(targets)
@@ -75,7 +86,7 @@ def check_arrays(
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise DataError(f"{name} {label} contain {bad} NaN or infinite values; clean them")
-    _check_fits_model(inputs, targets, in_features, num_classes, name)
+    _check_fits_model(inputs, targets, in_features, num_classes, model, loss, name)
 
 
 def _check_fits_model(
@@ -83,26 +94,102 @@ def _check_fits_model(
     targets: np.ndarray,
     in_features: int | None,
     num_classes: int | None,
+    model: AbstractLayer | None,
+    loss: Any,
     name: str,
 ) -> None:
-    """The part of :func:`check_arrays` that depends on the model: feature size, labels."""
+    """The part of :func:`check_arrays` that depends on the model: inputs, labels, targets."""
     if in_features is not None and (inputs.ndim < 2 or inputs.shape[-1] != in_features):
         raise DataError(
             f"{name} has inputs of shape {inputs.shape[1:]}, but the model expects "
             f"{in_features} features per example"
         )
     if num_classes is not None:
-        if targets.dtype.kind not in "iu":
-            raise DataError(
-                f"{name} targets must be integer class labels for cross-entropy, "
-                f"got dtype {targets.dtype}"
-            )
-        low, high = int(targets.min()), int(targets.max())
-        if low < 0 or high >= num_classes:
-            raise DataError(
-                f"{name} has labels in [{low}, {high}], but the model has {num_classes} "
-                f"outputs; labels must be in [0, {num_classes - 1}]"
-            )
+        _check_labels(targets, num_classes, name)
+    if model is not None:
+        model.check_input(inputs)  # the shape every layer reads, and token ids in range
+        if isinstance(loss, str) and loss in _TARGET_CHECKS:
+            check_targets(targets, model.output_shape(inputs.shape[1:]), loss, name)
+
+
+def check_targets(
+    targets: np.ndarray, outputs: tuple[int, ...], loss: str, name: str = "data"
+) -> None:
+    """Raise :class:`DataError` unless ``loss`` can compare ``targets`` with the outputs.
+
+    Cross-entropy reads the outputs' last axis as classes: it needs integer labels in
+    ``[0, classes)``, one per remaining position (one per example of ``(classes,)`` outputs,
+    one per token of a sequence model's ``(length, classes)``). A negative label is refused
+    too, where plain indexing would read ``-1`` as the last class. ``mse`` needs targets with
+    as many values per example as the outputs have.
+
+    Args:
+        targets: labels or regression targets, examples on the first axis.
+        outputs: the shape of one example's outputs (``model.output_shape(input_shape)``).
+        loss: ``"cross_entropy"`` or ``"mse"``.
+        name: what to call the data in messages.
+
+    Examples:
+        >>> check_targets(np.array([0, 2, 3]), (3,), "cross_entropy")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.DataError: data has labels in [0, 3], but the model has 3 outputs; ...
+        >>> check_targets(np.zeros((4, 2)), (3,), "mse")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.DataError: data has targets of shape (2,) per example, but ...
+    """
+    _TARGET_CHECKS[loss](np.asarray(targets), tuple(outputs), name)
+
+
+def _check_labels(targets: np.ndarray, num_classes: int, name: str) -> None:
+    """Integer labels in ``[0, num_classes)``."""
+    if targets.dtype.kind not in "iu":
+        raise DataError(
+            f"{name} targets must be integer class labels for cross-entropy, "
+            f"got dtype {targets.dtype}"
+        )
+    if not targets.size:
+        return
+    low, high = int(targets.min()), int(targets.max())
+    if low < 0 or high >= num_classes:
+        raise DataError(
+            f"{name} has labels in [{low}, {high}], but the model has {num_classes} "
+            f"outputs; labels must be in [0, {num_classes - 1}]"
+        )
+
+
+def _check_class_labels(targets: np.ndarray, outputs: tuple[int, ...], name: str) -> None:
+    if targets.dtype.kind in "iu" and _per_example(targets) != math.prod(outputs[:-1]):
+        raise DataError(
+            f"{name} has targets of shape {targets.shape[1:]} per example, but the model "
+            f"gives outputs of shape {outputs} per example; cross-entropy needs one label "
+            f"per position, of shape {outputs[:-1]}"
+        )
+    _check_labels(targets, outputs[-1], name)
+
+
+def _check_regression_targets(targets: np.ndarray, outputs: tuple[int, ...], name: str) -> None:
+    # The backends reshape the targets to the outputs' shape, so only the size must agree.
+    if _per_example(targets) != math.prod(outputs):
+        hint = (
+            "; these look like class labels: use loss='cross_entropy', or one-hot float targets"
+            if targets.dtype.kind in "iub"
+            else ""
+        )
+        raise DataError(
+            f"{name} has targets of shape {targets.shape[1:]} per example, but the model "
+            f"gives outputs of shape {outputs} per example; mse needs targets of the "
+            f"outputs' shape{hint}"
+        )
+
+
+def _per_example(targets: np.ndarray) -> int:
+    return math.prod(targets.shape[1:])
+
+
+#: The target check of each built-in loss (a native loss checks its own targets).
+_TARGET_CHECKS = {"cross_entropy": _check_class_labels, "mse": _check_regression_targets}
 
 
 def check_source(
@@ -110,17 +197,20 @@ def check_source(
     *,
     in_features: int | None = None,
     num_classes: int | None = None,
+    model: AbstractLayer | None = None,
+    loss: Any = None,
     name: str = "data",
 ) -> None:
     """Raise :class:`DataError` if ``source`` cannot be trained on, before any training.
 
     An :class:`ArrayLoader` checked its arrays whole when it was built (lengths, NaN and
-    infinite values), so only what depends on the model is checked here: reading a large
-    training set once more would cost as much as that first check. A native loader is
-    checked on its first batch only: the usual mistakes (feature size, label range, an empty
-    loader) show there, and reading one batch costs little where checking every batch would
-    cost a host sync per step. Batches that are not a pair of host arrays (GPU tensors, dicts)
-    are left to the backend. Other sources are not checked.
+    infinite values), so only what depends on the model is checked here, over all its
+    examples: reading a large training set once more would cost as much as that first check.
+    A native loader is checked on its first batch only: the usual mistakes (feature size,
+    label range, an empty loader) show there, and reading one batch costs little where
+    checking every batch would cost a host sync per step. Batches that are not a pair of
+    host arrays (GPU tensors, dicts) are left to the backend. Other sources are not checked.
+    The arguments are those of :func:`check_arrays`.
 
     Examples:
         >>> batches = [(np.zeros((2, 3)), np.array([0, 5]))]
@@ -129,9 +219,9 @@ def check_source(
         ...
         unitrain._errors.DataError: the first batch of data has labels in [0, 5], but ...
     """
-    checks = {"in_features": in_features, "num_classes": num_classes}
     if isinstance(source, ArrayLoader):
-        _check_fits_model(source.inputs, source.targets, in_features, num_classes, name)
+        inputs, targets = source.inputs, source.targets
+        _check_fits_model(inputs, targets, in_features, num_classes, model, loss, name)
     elif isinstance(source, IterableSource):
         batch = next(iter(source.iterable), None)
         if batch is None:
@@ -144,7 +234,15 @@ def check_source(
             return
         if inputs.dtype == object or targets.dtype == object:
             return
-        check_arrays(inputs, targets, **checks, name=f"the first batch of {name}")
+        check_arrays(
+            inputs,
+            targets,
+            in_features=in_features,
+            num_classes=num_classes,
+            model=model,
+            loss=loss,
+            name=f"the first batch of {name}",
+        )
 
 
 class ArrayLoader:

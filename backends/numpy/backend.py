@@ -29,6 +29,7 @@ from unitrain.backend import BackendOptions, Batch, Capabilities, check_state, s
 from unitrain.backends.numpy.layers import Run
 from unitrain.backends.numpy.model import build
 from unitrain.backends.numpy.precision import rounding
+from unitrain.data import check_targets
 from unitrain.models import AbstractLayer, InputCheck
 from unitrain.precision import (
     GOOD_STEPS_KEY,
@@ -94,6 +95,9 @@ class NumpyBackend:
         self._input_check = InputCheck(model)
         self._micro_batch = 0
         self._skipped = 0
+        #: Whether every loss since the last step was finite (a step with one that is not is
+        #: skipped, as one with a non-finite gradient is).
+        self._losses_finite = True
 
     @property
     def device(self) -> str:
@@ -102,7 +106,7 @@ class NumpyBackend:
 
     @property
     def skipped_steps(self) -> int:
-        """Updates skipped because a gradient was not finite."""
+        """Updates skipped because a loss or gradient was not finite."""
         return self._skipped
 
     # -- computation ---------------------------------------------------------------------
@@ -130,8 +134,11 @@ class NumpyBackend:
         """Return the mean loss and its gradient with respect to ``out``.
 
         Cross-entropy reads the last axis as classes and averages over every other position
-        (every token of a sequence model's ``(N, L, V)`` logits).
+        (every token of a sequence model's ``(N, L, V)`` logits). Every batch's targets are
+        checked first (a DataError): the Trainer checks a native loader's first batch only,
+        and indexing would read label ``-1`` as the last class.
         """
+        check_targets(np.asarray(y), out.shape[1:], self.options.loss, name="a batch")
         if self.options.loss == "mse":
             diff = out - np.asarray(y, self.dtype).reshape(out.shape)
             return np.mean(diff * diff), 2 * diff / self.dtype.type(diff.size)
@@ -155,6 +162,7 @@ class NumpyBackend:
         with np.errstate(all="ignore"):
             out = self._run(x, train=True)
             loss, self._grad_out = self._loss(out, y)
+        self._losses_finite &= bool(np.isfinite(loss))
         self._micro_batch += 1
         return loss
 
@@ -179,13 +187,15 @@ class NumpyBackend:
             self.grads[k] += run.low(g)
 
     def step(self, lr: float) -> None:
-        """Clip, check for non-finite gradients, apply the reference update, zero the grads."""
+        """Clip, check for a non-finite loss or gradient, apply the reference update, zero
+        the grads."""
         if self.scaler is not None:
             for g in self.grads.values():
                 g *= np.float32(1.0) / self.scaler[0]  # unscale; exact, the scale is 2**k
         with np.errstate(all="ignore"):
             norm = optim.global_norm(self.grads)
-        finite = bool(np.isfinite(norm))
+        # A loss can overflow where its gradient does not (a huge mse target).
+        finite = bool(np.isfinite(norm)) and self._losses_finite
         if self.scaler is not None:
             scale, good = next_loss_scale(
                 self.options.loss_scaler, *self.scaler, np.bool_(finite), np.where
@@ -199,7 +209,7 @@ class NumpyBackend:
             optim.apply_update(self.options.optimizer, self.params, self.grads, self.opt_state, lr)
         for g in self.grads.values():
             g.fill(0)
-        self._micro_batch = 0
+        self._micro_batch, self._losses_finite = 0, True
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Mean loss (and accuracy for classification) in eval mode: no dropout, the running
@@ -250,7 +260,7 @@ class NumpyBackend:
         self.opt_state = {
             k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()
         }
-        self._micro_batch = 0
+        self._micro_batch, self._losses_finite = 0, True
 
     def rng_state(self) -> dict[str, Any]:
         """Nothing: dropout masks come from ``(seed, step, micro_batch)``."""

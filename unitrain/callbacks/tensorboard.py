@@ -1,24 +1,31 @@
 """TensorBoard event files: every logged metric and the learning rate, as scalars.
 
-The events are written in the caller's thread and flushed at every logging point, through
-tensorboardX's plain file writer (``EventsWriter``) rather than its ``SummaryWriter``. The
-SummaryWriter hands events to a background thread through a ``multiprocessing.Queue`` and
-closes it from an ``atexit`` hook; a Ctrl-C that lands inside that queue's code leaves the
-thread waiting for a shutdown message that never arrives, and the process hung at exit
-after printing its resume line (2 of 40 interrupted CLI runs here). A few scalars per
-logging point need no thread.
+The events are written in the caller's thread and flushed at every logging point, into a
+file this logger opens itself, with tensorboardX providing the protocol buffers and the
+checksum of the record framing. tensorboardX's ``SummaryWriter`` hands events to a background
+thread through a ``multiprocessing.Queue`` and closes it from an ``atexit`` hook; a Ctrl-C
+that lands inside that queue's code leaves the thread waiting for a shutdown message that
+never arrives, and the process hung at exit after printing its resume line (2 of 40
+interrupted CLI runs here). A few scalars per logging point need no thread. Its plain
+``EventsWriter`` has no thread but opens its file with ``open(name, "wb")``, which follows a
+symlink at that name and empties the file it points to; this logger creates the file with
+``O_EXCL | O_NOFOLLOW`` instead (:mod:`unitrain._files`), so it only ever writes a new file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import socket
+import struct
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unitrain._errors import MissingFrameworkError
+from unitrain._errors import MissingFrameworkError, RunFolderError
+from unitrain._files import open_regular, probe_writable, raising_write_errors, write_error
 from unitrain.callbacks._base import Callback
 
 if TYPE_CHECKING:
@@ -37,6 +44,10 @@ class TensorBoardLogger(Callback):
     ``train/lr`` at the global step; at each epoch's end every metric of the epoch
     (``epoch/loss``, ``epoch/val_loss``, ``epoch/val_accuracy``, ``epoch/lr``, ...) at the
     step the epoch ended on. Each logging point's events are on disk when it returns.
+
+    Each ``fit`` writes a new event file, named as TensorBoard expects; the folder is checked
+    to be writable when training begins, and a write that fails is a
+    :class:`~unitrain._errors.RunFolderError` (see :mod:`unitrain._files`).
 
     Args:
         log_dir: the directory of the event files.
@@ -81,24 +92,71 @@ class TensorBoardLogger(Callback):
 
 
 class _EventFile:
-    """One event file of ``log_dir``, named as TensorBoard expects, written synchronously."""
+    """A new event file in ``log_dir``, named as TensorBoard expects, written synchronously.
+
+    The file is TFRecord framing around ``Event`` protocol buffers (what tensorboardX's
+    ``RecordWriter`` writes): per record the length, its masked CRC32C, the bytes and theirs.
+    """
 
     def __init__(self, log_dir: Path) -> None:
         tensorboard = _tensorboardx()
-        log_dir.mkdir(parents=True, exist_ok=True)
         self._summary, self._event = tensorboard.summary, tensorboard.proto.event_pb2.Event
-        self._file = tensorboard.event_file_writer.EventsWriter(os.fspath(log_dir / "events"))
+        self._crc = tensorboard.record_writer.masked_crc32c
+        probe_writable(log_dir)
+        self.path, self._file = _create_event_file(log_dir)
+        first = self._event(wall_time=time.time(), file_version="brain.Event:2")
+        self._append([first])
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         """``scalars`` at ``step``, one event each, then flushed to the file."""
         now = time.time()
-        for tag, value in scalars.items():
-            summary = self._summary.scalar(tag, float(value))
-            self._file.write_event(self._event(wall_time=now, step=int(step), summary=summary))
-        self._file.flush()
+        self._append(
+            [
+                self._event(
+                    wall_time=now, step=int(step), summary=self._summary.scalar(tag, float(value))
+                )
+                for tag, value in scalars.items()
+            ]
+        )
+
+    def _append(self, events: list[Any]) -> None:
+        frames = []
+        for event in events:
+            data = event.SerializeToString()
+            header = struct.pack("<Q", len(data))
+            frames += [header, struct.pack("<I", self._crc(header))]
+            frames += [data, struct.pack("<I", self._crc(data))]
+        with raising_write_errors(self.path, "write TensorBoard events"):
+            try:
+                self._file.write(b"".join(frames))
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError:
+                with contextlib.suppress(OSError):  # the run ends here: leave no open handle
+                    self._file.close()
+                raise
 
     def close(self) -> None:
-        self._file.close()
+        with raising_write_errors(self.path, "write TensorBoard events"):
+            self._file.close()
+
+
+def _create_event_file(log_dir: Path) -> tuple[Path, Any]:
+    """A new file ``events.out.tfevents.<seconds>.<host>`` (with ``.1``, ``.2``, ... after
+    it when that name is taken: another run of the same second, or anything put there)."""
+    name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+    for suffix in ["", *(f".{n}" for n in range(1, 100))]:
+        path = log_dir / (name + suffix)
+        try:
+            return path, open_regular(path, "x")
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise write_error(log_dir, error, "create the TensorBoard event file") from error
+    raise RunFolderError(
+        f"{log_dir}: 100 event files named {name}* are there already; give the "
+        "TensorBoardLogger another log_dir"
+    )
 
 
 def _tensorboardx() -> Any:
@@ -114,8 +172,8 @@ def _tensorboardx() -> Any:
         sys.modules["torch"] = None  # type: ignore[assignment]
     try:
         import tensorboardX
-        import tensorboardX.event_file_writer
         import tensorboardX.proto.event_pb2
+        import tensorboardX.record_writer
         import tensorboardX.summary
     finally:
         if hide:

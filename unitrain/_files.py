@@ -27,7 +27,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, cast
 
 from unitrain._errors import RunFolderError
 
@@ -39,13 +39,13 @@ __all__ = [
     "write_error",
 ]
 
-#: ``os.open`` flags of each mode, named as the built-in ``open`` names them. "w" does not
-#: use O_TRUNC: the file is cut only once it is known to be a regular file.
-_FLAGS = {
-    "w": os.O_WRONLY | os.O_CREAT,
-    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-    "r+": os.O_RDWR,
-    "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+#: Each mode's ``os.open`` flags and ``os.fdopen`` mode, named as the built-in ``open``
+#: names them. "w" has no O_TRUNC: the file is cut only once it is known to be a regular one.
+_MODES = {
+    "w": (os.O_WRONLY | os.O_CREAT, "wb"),
+    "a": (os.O_WRONLY | os.O_CREAT | os.O_APPEND, "ab"),
+    "r+": (os.O_RDWR, "r+b"),
+    "x": (os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb"),
 }
 #: O_NONBLOCK: opening a FIFO for writing otherwise waits for a reader, for ever.
 _ALWAYS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -124,8 +124,8 @@ def open_regular(path: str | os.PathLike[str], mode: Literal["w", "a", "r+", "x"
             updates an existing file in place, ``"x"`` creates a new one.
 
     Returns:
-        An unbuffered-to-the-caller binary file (a ``BufferedWriter`` or, for ``"r+"``, a
-        ``BufferedRandom``), blocking as usual.
+        A buffered binary file (``BufferedRandom`` for ``"r+"``, else ``BufferedWriter``)
+        in blocking mode; closing it closes the descriptor.
 
     Raises:
         RunFolderError: ``path`` is a symlink, FIFO, device, socket or directory.
@@ -142,7 +142,7 @@ def open_regular(path: str | os.PathLike[str], mode: Literal["w", "a", "r+", "x"
     if mode != "x":  # O_EXCL refuses anything already there, links included
         require_regular_file(path)  # so a FIFO or device is not even opened
     try:
-        descriptor = os.open(path, _FLAGS[mode] | _ALWAYS, 0o666)
+        descriptor = os.open(path, _MODES[mode][0] | _ALWAYS, 0o666)
     except OSError as error:
         if error.errno in _SWAPPED:  # replaced since the check: say by what
             require_regular_file(path)
@@ -154,7 +154,7 @@ def open_regular(path: str | os.PathLike[str], mode: Literal["w", "a", "r+", "x"
         os.set_blocking(descriptor, True)
         if mode == "w":
             os.ftruncate(descriptor, 0)
-        return os.fdopen(descriptor, {"x": "wb"}.get(mode, mode + "b"))  # type: ignore[return-value]
+        return cast(BinaryIO, os.fdopen(descriptor, _MODES[mode][1]))
     except BaseException:
         os.close(descriptor)
         raise

@@ -114,7 +114,11 @@ def resolve_checkpoint(spec: str | os.PathLike[str], directory: str | os.PathLik
 def load_resolved(spec: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Checkpoint:
     """:func:`resolve_checkpoint`, returning the checkpoint it loaded to verify it.
 
-    Verifying a checkpoint is loading it, so a resume uses this to read it once.
+    Verifying a checkpoint is loading it, so a resume uses this to read it once. For
+    ``"latest"``, a checkpoint that fails to load for any reason (a MemoryError included) is
+    skipped with a :class:`CheckpointWarning` naming the error. Checkpoints whose
+    ``trainer.json`` cannot be read are tried first: their age is unknown, so each may be the
+    newest, and each gets its warning.
     """
     if not (isinstance(spec, str) and spec == "latest"):
         return load_checkpoint(Path(spec))
@@ -125,16 +129,26 @@ def load_resolved(spec: str | os.PathLike[str], directory: str | os.PathLike[str
             "pass the path of a checkpoint"
         )
     failures: list[str] = []
-    for candidate in reversed(candidates):
+    # list_checkpoints puts those whose trainer.json does not read first, as of unknown age;
+    # they are tried (and refused) first, so that each is warned about even when an older
+    # readable one then loads.
+    unreadable = [candidate for candidate in candidates if _trainer_state(candidate) is None]
+    readable = [candidate for candidate in candidates if candidate not in unreadable]
+    for candidate in [*unreadable, *reversed(readable)]:
         try:
             return load_checkpoint(candidate)
-        except CheckpointError as exc:
-            warnings.warn(
-                f"skipping checkpoint {candidate} when resuming 'latest': {exc}",
-                CheckpointWarning,
-                stacklevel=2,
+        except Exception as exc:  # any failure, MemoryError too, is a reason to skip it
+            reason = (  # a CheckpointError's message starts with the path
+                str(exc)
+                if isinstance(exc, CheckpointError)
+                else f"{candidate}: {type(exc).__name__}: {exc}"
             )
-            failures.append(str(exc))  # each message starts with the path
+        warnings.warn(
+            f"skipping checkpoint {candidate} when resuming 'latest': {reason}",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+        failures.append(reason)
     raise CheckpointError(
         f"{directory}: none of its {len(candidates)} checkpoints is valid, so there is nothing "
         "to resume 'latest' from; start without resuming or restore a checkpoint. Tried, "

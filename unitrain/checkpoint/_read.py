@@ -2,9 +2,12 @@
 
 Tensors are parsed by :mod:`unitrain.checkpoint._safetensors` and read straight into their
 arrays, JSON by the standard library; nothing on this path can execute code from the
-checkpoint. Each file's digest is computed as it is read, each chunk right after it arrives.
-Every refusal raises :class:`~unitrain.CheckpointError` naming the file, what is wrong and
-what to do.
+checkpoint. A tensor file's size is checked against the manifest and against this machine's
+memory, and its digest streamed through one reused buffer, before any of its arrays is
+allocated: a damaged or hostile file that declares a 200 GiB tensor is refused at the cost of
+one chunk of memory. The file is then read into its arrays and digested again as it is read,
+each chunk right after it arrives, so what is loaded is what was verified. Every refusal
+raises :class:`~unitrain.CheckpointError` naming the file, what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -280,12 +283,23 @@ def _read_tensors(
     with handle:
         if expected is not None:
             _check_size(file, size, expected.size)
+        _check_fits_memory(file, size)
         algorithm = expected.algorithm if expected is not None else None
+        if expected is not None:
+            _check_digest(file, _streamed_digest(handle, file, size, expected.algorithm), expected)
+            with _reading(file):
+                handle.seek(0)
         with _StreamReader(handle, file, size, algorithm) as reader:
             try:
                 tensors, problem = read_tensor_file(reader, size, file), None
             except _ReadError:
                 raise
+            except MemoryError:  # callers fall back on a CheckpointError, not a MemoryError
+                raise CheckpointError(
+                    f"{file}: its {size} bytes of tensors do not fit in the memory that is "
+                    "free; free some memory or load it on a larger machine, or use an earlier "
+                    "checkpoint"
+                ) from None
             except CheckpointError as error:  # the file does not parse
                 if expected is None:
                     return {}, error
@@ -295,6 +309,40 @@ def _read_tensors(
             if expected is not None:
                 _check_digest(file, reader.hexdigest(), expected)
             return tensors, problem
+
+
+def _check_fits_memory(file: Path, size: int) -> None:
+    """Refuses a tensor file larger than this machine's memory: its arrays could never fit."""
+    memory = _physical_memory()
+    if memory is not None and size > memory:
+        raise CheckpointError(
+            f"{file}: is {size} bytes, more than this machine's {memory} bytes of memory, so "
+            "its tensors cannot be loaded here; it is damaged, or was written on a larger "
+            "machine — use an earlier checkpoint, or load it where it fits"
+        )
+
+
+def _physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def _streamed_digest(handle: io.FileIO, file: Path, size: int, algorithm: str) -> str:
+    """The digest of the file's first ``size`` bytes, read through one reused buffer.
+
+    This pass costs a second read of the file (from the page cache, once it is warm) and a
+    second digest: loading a 400 MB model went from 0.13-0.20 s to 0.27 s (medians of 7, on
+    the shared 2-core machine). In exchange no array is allocated for a file whose digest
+    does not match, however large its header says its tensors are.
+    """
+    buffer = memoryview(bytearray(min(_READ_CHUNK_BYTES, size)))
+    with _StreamReader(handle, file, size, algorithm) as reader:
+        while reader.position < size:
+            reader.read_into(buffer[: min(buffer.nbytes, size - reader.position)])
+        return reader.hexdigest()
 
 
 class _ReadError(CheckpointError):

@@ -11,6 +11,7 @@ import numpy as np
 from unitrain._errors import CheckpointError, ConfigError, DataError
 from unitrain.backend import Predict
 from unitrain.checkpoint import load_checkpoint
+from unitrain.checkpoint._resume import check_tensors
 from unitrain.data import as_batch_source
 
 __all__ = ["load_weights", "predict"]
@@ -32,17 +33,19 @@ def predict(backend: Any, data: Any, batch_size: int) -> np.ndarray:
 
 
 def load_weights(backend: Any, path: str | Path) -> None:
-    """Put a checkpoint's model tensors into ``backend`` (see ``Trainer.load_weights``)."""
+    """Put a checkpoint's model tensors into ``backend`` (see ``Trainer.load_weights``).
+
+    The tensors are checked as a resume checks them (names, shapes, exact dtypes, finite
+    values; :func:`unitrain.checkpoint._resume.check_tensors`) before any reaches the backend,
+    so a refused checkpoint leaves the model as it was.
+    """
     checkpoint = load_checkpoint(path)
     state = backend.state_dict()
-    mine = {k.removeprefix("model.") for k in state if k.startswith("model.")}
-    if set(checkpoint.model) != mine:
-        raise CheckpointError(
-            f"{path}: its model has tensors {sorted(checkpoint.model)[:6]}..., this "
-            f"Trainer's model has {sorted(mine)[:6]}...; load a checkpoint of the same model"
-        )
-    state.update({f"model.{k}": v for k, v in checkpoint.model.items()})
+    mine = {key: value for key, value in state.items() if key.startswith("model.")}
+    loaded = {f"model.{name}": value for name, value in checkpoint.model.items()}
+    check_tensors(checkpoint.path, loaded, mine)
+    state.update(loaded)
     try:
         backend.load_state_dict(state)
-    except ConfigError as error:  # same names, other shapes: another model
+    except ConfigError as error:  # what the checks above cannot see, such as a layout
         raise CheckpointError(f"{path}: {error}") from None

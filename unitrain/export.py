@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain._errors import ConfigError
+from unitrain._errors import CheckpointError, ConfigError
 from unitrain.models import MLP, model_from_dict
 
 __all__ = ["export_weights"]
@@ -46,10 +46,45 @@ def _mlp_keras(model: MLP, weights: dict[str, np.ndarray]) -> list[np.ndarray]:
     return order
 
 
+#: The dtype a checkpoint holds model tensors in, by ``TrainerConfig.dtype``: numpy has no
+#: bfloat16, so backends save it as float32, which holds it exactly.
+_SAVED_DTYPES = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "bfloat16": np.float32,
+}
+
 #: How each portable model type becomes each framework's layout.
 _EXPORTERS: dict[type, dict[str, Callable[[Any, dict[str, np.ndarray]], Any]]] = {
     MLP: {"torch": _mlp_torch, "keras": _mlp_keras},
 }
+
+
+def _read_checkpoint(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """A checkpoint's portable model and its weights, checked to be exactly that model's."""
+    from unitrain.checkpoint import load_checkpoint
+    from unitrain.checkpoint._resume import check_tensors
+
+    checkpoint = load_checkpoint(path)
+    description = checkpoint.trainer.get("model")
+    if not isinstance(description, dict) or description.get("type") == "native":
+        raise ConfigError(f"{path}: export needs a checkpoint of a portable model")
+    model = model_from_dict(description)
+    config = checkpoint.trainer.get("config")
+    dtype_name = config.get("dtype", "float32") if isinstance(config, dict) else "float32"
+    dtype = _SAVED_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    if dtype is None:
+        raise CheckpointError(
+            f"{path / 'trainer.json'}: 'config.dtype' must be one of {sorted(_SAVED_DTYPES)}, "
+            f"got {dtype_name!r:.40}; the trainer state is damaged or was not written by "
+            "unitrain — use an earlier checkpoint"
+        )
+    # Zero-strided views: the model's shapes and dtype without allocating its size again.
+    shapes = {**model.param_shapes(), **model.state_shapes()}
+    expected = {f"model.{k}": np.broadcast_to(np.zeros((), dtype), s) for k, s in shapes.items()}
+    check_tensors(checkpoint.path, {f"model.{k}": v for k, v in checkpoint.model.items()}, expected)
+    return model, dict(checkpoint.model)
 
 
 def export_weights(source: Any, framework: str) -> Any:
@@ -62,15 +97,11 @@ def export_weights(source: Any, framework: str) -> Any:
 
     Raises:
         ConfigError: the model is not portable, or has no export to ``framework``.
+        CheckpointError: the checkpoint is damaged, or its tensors are not exactly its model's
+            (names, shapes, dtype, finite values), as a resume would refuse them.
     """
     if isinstance(source, (str, Path)):
-        from unitrain.checkpoint import load_checkpoint
-
-        checkpoint = load_checkpoint(source)
-        description = checkpoint.trainer.get("model")
-        if not isinstance(description, dict) or description.get("type") == "native":
-            raise ConfigError(f"{source}: export needs a checkpoint of a portable model")
-        model, weights = model_from_dict(description), dict(checkpoint.model)
+        model, weights = _read_checkpoint(Path(source))
     else:
         model = source.model
         weights = {

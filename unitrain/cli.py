@@ -64,7 +64,10 @@ def _inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.is_dir() and not (path / "manifest.json").exists():
         return _inspect_folder(path)
-    checkpoint = load_checkpoint(path)
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as error:  # main prints it; names in it come from the checkpoint
+        raise CheckpointError(_printable(str(error))) from None
     info = checkpoint.trainer
     summary = {
         key: info.get(key)
@@ -79,14 +82,16 @@ def _inspect(args: argparse.Namespace) -> int:
             "schedule",
         )
     }
-    print(json.dumps(summary, indent=2, default=str))
+    for line in json.dumps(summary, indent=2, default=str).splitlines():
+        print(_printable(line))
     for title, tensors in (("model", checkpoint.model), ("optimizer", checkpoint.optimizer)):
         print(f"{title}: {len(tensors)} tensors")
         for name, array in tensors.items():
-            print(f"  {name:40s} {array.dtype!s:8s} {tuple(array.shape)}")
+            print(f"  {_printable(name):40s} {array.dtype!s:8s} {tuple(array.shape)}")
     history = info.get("history")
     if isinstance(history, list) and history:  # the checkpoint may not come from unitrain
-        print(f"history: {len(history)} epochs; last: {json.dumps(history[-1], default=str)}")
+        last = _printable(json.dumps(history[-1], default=str))
+        print(f"history: {len(history)} epochs; last: {last}")
     return 0
 
 
@@ -99,26 +104,41 @@ def _inspect_folder(folder: Path) -> int:
     found = list_checkpoints(folder)
     if not found:
         raise CheckpointError(
-            f"{folder}: neither a checkpoint nor a folder of checkpoints; pass a checkpoint "
-            "directory (with manifest.json) or the folder holding them"
+            f"{_printable(folder)}: neither a checkpoint nor a folder of checkpoints; pass a "
+            "checkpoint directory (with manifest.json) or the folder holding them"
         )
     rows = [("checkpoint", "epoch", "step", "val_loss", "status")]
     for path in found:
+        name = _printable(path.name)
         try:
             info = load_checkpoint(path).trainer
-        except CheckpointError as error:
-            rows.append((path.name, "-", "-", "-", f"damaged: {error}"))
+        except Exception as error:  # any failure (MemoryError too) marks this one, not the list
+            reason = error if isinstance(error, CheckpointError) else repr(error)
+            rows.append((name, "-", "-", "-", _printable(f"damaged: {reason}")))
             continue
         history = info.get("history")
         last = history[-1] if isinstance(history, list) and history else {}
         val_loss = last.get("val_loss") if isinstance(last, dict) else None
         shown = f"{val_loss:.4f}" if isinstance(val_loss, float) else "-"
-        rows.append((path.name, str(info["epoch"]), str(info["step"]), shown, "ok"))
-    print(f"{folder}: {len(found)} checkpoints, oldest first")
+        rows.append((name, str(info["epoch"]), str(info["step"]), shown, "ok"))
+    print(f"{_printable(folder)}: {len(found)} checkpoints, oldest first")
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     return 0
+
+
+def _printable(text: object) -> str:
+    r"""``text`` with each non-printable character escaped as Python writes it (``\x1b``).
+
+    What inspect prints comes from the checkpoint, and a hostile one could otherwise move the
+    cursor, retitle or clear the terminal with escape sequences in a name.
+
+    Examples:
+        >>> print(_printable("w\x1b[2J\u202e"))
+        w\x1b[2J\u202e
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def _plot(args: argparse.Namespace) -> int:

@@ -89,6 +89,8 @@ needs_linux = pytest.mark.skipif(
 
 @needs_linux
 def test_a_200_gib_sparse_checkpoint_is_skipped_by_latest_at_bounded_memory(tmp_path):
+    # Refused for being larger than this machine's memory; on a machine with more, by its
+    # streamed digest (slower, and still within the memory bound).
     _save(tmp_path, "step10", 10)
     _make_sparse_model(_save(tmp_path, "step20", 20), 200 * GIB)
     result, peak = _run_measured(
@@ -296,3 +298,18 @@ def test_inspect_escapes_control_characters_from_the_checkpoint(tmp_path, capsys
     assert "\x1b" not in printed.out and "\x07" not in printed.out
     assert "\x1b" not in printed.err
     assert r"w\x1b[2J" in printed.out
+
+
+def test_export_weights_refuses_a_checkpoint_whose_config_dtype_is_not_a_float(tmp_path):
+    saved = load_checkpoint(_numpy_trainer().save_checkpoint(tmp_path / "good"))
+    trainer_state = {k: v for k, v in saved.trainer.items() if k != "format_version"}
+    trainer_state["config"] = {**trainer_state["config"], "dtype": "int8"}
+    bad = save_checkpoint(
+        tmp_path / "bad",
+        model=saved.model,
+        optimizer=saved.optimizer,
+        trainer=trainer_state,
+        callbacks=saved.callbacks,
+    )
+    with pytest.raises(CheckpointError, match=r"trainer\.json: 'config\.dtype' must be one of"):
+        export_weights(bad, "keras")

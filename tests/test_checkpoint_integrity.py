@@ -313,3 +313,15 @@ def test_export_weights_refuses_a_checkpoint_whose_config_dtype_is_not_a_float(t
     )
     with pytest.raises(CheckpointError, match=r"trainer\.json: 'config\.dtype' must be one of"):
         export_weights(bad, "keras")
+
+
+def test_running_out_of_memory_while_loading_is_a_checkpoint_error(tmp_path, monkeypatch):
+    checkpoint = _save(tmp_path, "step20", 20)
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate")
+
+    # Where the reader allocates each tensor; a verified file may still not fit what is free.
+    monkeypatch.setattr("unitrain.checkpoint._safetensors.np.empty", out_of_memory)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: its \d+ bytes of tensors"):
+        load_checkpoint(checkpoint)

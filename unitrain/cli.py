@@ -255,8 +255,8 @@ def _one_line_warning(message: Any, category: type[Warning], *_: Any, **__: Any)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unitrain`` command; returns the exit status."""
-    # As the program itself, the handlers stay to the end: a signal while the interpreter
-    # shuts down still exits 143; called in-process (tests), they are put back.
+    # As the program itself, a signal after the command's work is ignored (see
+    # stopping_at_once); called in-process (tests), the old handlers are put back.
     as_program, argv = argv is None, list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv
@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning  # no source line echoed under the message
     try:
         training = args.command == "train"
-        with stopping_at_once(restore=not as_program) if training else contextlib.nullcontext():
+        with stopping_at_once(then_ignore=as_program) if training else contextlib.nullcontext():
             return int(args.handler(args))
     except Preempted:  # a line saying what was saved is printed already
         return PREEMPTION_EXIT_STATUS

@@ -179,3 +179,13 @@ def test_a_run_whose_folder_is_taken_over_mid_run_stops_before_writing(tmp_path,
         trainer.fit((X, Y), (X[:16], Y[:16]))
     assert trainer.state.epoch == 2 and list_checkpoints(tmp_path) == []
     assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "other-node"
+
+
+def test_a_second_fit_of_the_same_trainer_goes_on_with_its_run(tmp_path):
+    trainer = make(tmp_path, epochs=2)
+    trainer.fit((X, Y))
+    first = trainer.lineage
+    trainer.config = TrainerConfig(epochs=3, batch_size=16, checkpoint_dir=str(tmp_path))
+    trainer.fit((X, Y))
+    assert trainer.lineage == first and trainer.state.epoch == 3
+    assert {checkpoint_run(path)["id"] for path in list_checkpoints(tmp_path)} == {first.id}

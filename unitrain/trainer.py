@@ -265,9 +265,10 @@ class Trainer(FitLoop):
                 )
         elif resume is not None:
             resumed = restore(self, "latest" if resume == "auto" else resume)
-        if resumed is None:
-            claim_folders(folders, archive=archive_existing)
-        self.lineage = lineage_for(folders, resumed and resumed[0], self.state.step)
+        if resumed is not None or self.lineage is None:  # a second fit goes on with its run
+            if resumed is None:
+                claim_folders(folders, archive=archive_existing)
+            self.lineage = lineage_for(folders, resumed and resumed[0], self.state.step)
         self.callbacks.call("on_train_begin", self)
         if resumed is not None:
             path, callback_states = resumed

@@ -254,19 +254,7 @@ def test_numpy_refuses_a_bad_label_in_any_batch():
         mse.forward((x, np.zeros((4, 2), np.float32)))
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "numpy",
-        "jax",
-        pytest.param(
-            "torch",
-            marks=pytest.mark.xfail(
-                strict=True, reason="the torch backend skips on non-finite gradients only"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", ["numpy", "jax", "torch", "tensorflow"])
 def test_an_infinite_mse_loss_with_finite_gradients_raises(backend):
     """``(output - 1e30)**2`` overflows float32 while its gradient, ``2 * (output - 1e30) / n``,
     does not: the policy must see the loss, not only the gradients."""

@@ -103,7 +103,11 @@ class CompiledGraphs:
         params = list(self.params.values())
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key, global_size)
-            scaled = self.loss_scale.scaled(loss)
+            # Exactly 1.0 for a finite loss, NaN otherwise: a non-finite loss makes every
+            # gradient NaN, so the guard skips the update even where the gradients would be
+            # finite (a float32 mse that overflows to inf).
+            poisoned = loss * tf.stop_gradient(loss * 0 + 1)
+            scaled = self.loss_scale.scaled(poisoned)
         grads = tape.gradient(scaled, params)
         # A parameter the loss does not reach gets a zero gradient, as an unused buffer would;
         # an embedding's sparse gradient (IndexedSlices from tf.gather) is made dense, as the

@@ -213,10 +213,17 @@ class TorchBackend(UpdateLoops):
         return launch_command(workers)
 
     def backward(self, scale: float = 1.0) -> None:
-        """Add ``scale`` times the gradients of the last loss to ``.grad``."""
+        """Add ``scale`` times the gradients of the last loss to ``.grad``.
+
+        A non-finite loss makes every gradient NaN, so the update is skipped as for a
+        non-finite gradient (a float32 mse can overflow to inf while its gradient stays
+        finite): the loss is multiplied by ``loss * 0 + 1``, detached, which is exactly 1.0
+        for a finite loss and NaN otherwise. Two scalar ops, no host sync.
+        """
         scale = self._mixed.loss_multiplier(scale)
         if (loss := self._loss) is None:
             raise ConfigError("backward() needs a forward() first; each loss is used once")
+        loss = loss * (loss.detach() * 0 + 1)
         (loss if scale == 1.0 else loss * scale).backward()
         self._loss = None
 

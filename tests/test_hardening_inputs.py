@@ -221,6 +221,49 @@ def label_out_of_range(tmp: Path) -> None:
     trainer().fit((x, y))
 
 
+def _conv_net() -> Any:
+    return models.Sequential(
+        [models.Conv2d(1, 2, 3, padding=1), models.Flatten(), models.Linear(32, 3)]
+    )
+
+
+@entry(
+    SECTION,
+    "Label out of range (any portable model: a conv net, label -1)",
+    DataError,
+    "Relabel, or give the model more outputs.",
+)
+def conv_label_negative(tmp: Path) -> None:
+    x = np.zeros((8, 4, 4, 1), np.float32)
+    trainer(model=_conv_net()).fit((x, np.array([0, 1, 2, -1, 0, 1, 2, 0])))
+
+
+@entry(
+    SECTION,
+    "One label per example for a model with one output per position",
+    DataError,
+    "Pass one label per position.",
+)
+def sequence_labels_per_example(tmp: Path) -> None:
+    sequence = models.Sequential(
+        [models.Embedding(11, 8), models.PositionalEmbedding(6, 8), models.Linear(8, 5)]
+    )
+    trainer(model=sequence).fit((np.zeros((8, 6), np.int64), np.zeros(8, np.int64)))
+
+
+@entry(
+    SECTION,
+    "mse targets that are class labels",
+    DataError,
+    "Use `loss='cross_entropy'`, or one-hot float targets of the outputs' shape.",
+)
+def mse_class_labels(tmp: Path) -> None:
+    x = np.zeros((8, 4, 4, 1), np.float32)
+    Trainer(_conv_net(), backend="numpy", loss="mse", config=TrainerConfig(batch_size=8)).fit(
+        (x, np.arange(8) % 3)
+    )
+
+
 @entry(SECTION, "Float labels for cross-entropy", DataError, "Pass integer class labels.")
 def float_labels(tmp: Path) -> None:
     x, y = arrays()

@@ -7,6 +7,7 @@ from an older checkpoint with another batch size had its own newest checkpoint d
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
+from unitrain._errors import RunFolderError
 from unitrain._lock import LOCK_NAME, DirectoryLockedError
 from unitrain.checkpoint import (
     CheckpointWarning,
@@ -189,3 +191,17 @@ def test_a_second_fit_of_the_same_trainer_goes_on_with_its_run(tmp_path):
     trainer.fit((X, Y))
     assert trainer.lineage == first and trainer.state.epoch == 3
     assert {checkpoint_run(path)["id"] for path in list_checkpoints(tmp_path)} == {first.id}
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(
+    tmp_path, monkeypatch, code
+):
+    """A read-only checkpoint folder used to fail at the first save, after a whole epoch."""
+    from test_writers import refuse_inside
+
+    refuse_inside(monkeypatch, tmp_path, code)
+    trainer = make(tmp_path)
+    with pytest.raises(RunFolderError, match="cannot write files in this folder"):
+        trainer.fit((X, Y))
+    assert trainer.state.step == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError, ConfigError
+from unitrain._files import probe_writable
 from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
 from unitrain.checkpoint import (
@@ -123,6 +124,8 @@ class ModelCheckpoint(Callback):
         directory = self._directory(trainer)
         self._last_step = trainer.state.step
         self._run_id = None if trainer.lineage is None else trainer.lineage.id
+        if trainer.strategy.is_main:  # a read-only or full folder: say so now, not at a save
+            probe_writable(directory)
         if trainer.strategy.is_main and directory.is_dir():
             # A run killed between a save and its pruning left one too many; a resumed run
             # that saves nothing more would keep it.

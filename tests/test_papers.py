@@ -18,8 +18,13 @@ PAPERS = Path(__file__).resolve().parents[1] / "examples" / "papers"
 
 
 # After one epoch: LeNet's tanh stages are still leaving their plateau (below the uniform
-# guess's ln 10 = 2.303, measured 2.24); the ResNet, with BatchNorm, is far along already.
-FIRST_EPOCH = {"lenet5": ("val_loss", 2.30, -1), "resnet": ("val_accuracy", 0.5, 1)}
+# guess's ln 10 = 2.303, measured 2.24); the ResNet, with BatchNorm, is far along already in
+# its training loss (0.916 in examples/papers/results, 0.911 on an AMD EPYC with OpenBLAS's
+# Haswell kernels). Its first-epoch validation is not a stable measure: the BatchNorm running
+# statistics after one epoch at LR 0.1 follow the rounding of the BLAS, and val_accuracy was
+# 0.688 where the results were recorded but 0.334 (val_loss 5.06) on that EPYC, for the same
+# code (the commit before this check changed gave the same). So the bar is the training loss.
+FIRST_EPOCH = {"lenet5": ("val_loss", 2.30, -1), "resnet": ("loss", 1.2, -1)}
 
 
 @pytest.mark.parametrize("recipe", list(FIRST_EPOCH))

@@ -42,8 +42,8 @@ from unitrain import (
     schedules,
 )
 from unitrain._lock import DirectoryLockedError
-from unitrain.recipe import load_recipe
 from unitrain.checkpoint import _write, load_checkpoint, save_checkpoint
+from unitrain.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"

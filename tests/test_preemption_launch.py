@@ -155,6 +155,7 @@ def test_sigterm_at_random_moments(tmp_path, workers):
         check_stopped(out, status, err, seconds)
         counts[status] += 1
         slowest = max(slowest, seconds)
+        print(f"trial {trial}: signal at {after:.2f}s, status {status}, {seconds:.2f}s", flush=True)
         if status != 0:
             again = train(out, workers, "--resume", "auto", backend=backend)
             resumed = subprocess.run(again, capture_output=True, text=True)

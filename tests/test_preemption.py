@@ -142,18 +142,25 @@ def test_a_second_signal_aborts_without_saving_and_releases_the_lock(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
-def test_a_signal_inside_a_save_lets_the_save_finish(tmp_path, uninterrupted, monkeypatch):
-    """SIGTERM while a checkpoint's files are written: that save completes, then the run
-    checkpoints the step and stops (the save at epoch 1 is the one in progress)."""
+def signal_inside_the_first_save(monkeypatch, number: int):
+    """Send ``number`` to this process after the first file of the first save is written;
+    return the unpatched pause."""
     pause, sent = _write._pause_for_tests, []
 
     def signal_once() -> None:
         if not sent:
             sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), number)
         pause()
 
     monkeypatch.setattr(_write, "_pause_for_tests", signal_once)
+    return pause
+
+
+def test_a_signal_inside_a_save_lets_the_save_finish(tmp_path, uninterrupted, monkeypatch):
+    """SIGTERM while a checkpoint's files are written: that save completes, then the run
+    checkpoints the step and stops (the save at epoch 1 is the one in progress)."""
+    pause = signal_inside_the_first_save(monkeypatch, signal.SIGTERM)
     trainer = make(tmp_path)
     with pytest.raises(Preempted) as stopped:
         trainer.fit((X, Y), (X[:32], Y[:32]))
@@ -168,15 +175,7 @@ def test_a_signal_inside_a_save_lets_the_save_finish(tmp_path, uninterrupted, mo
 
 def test_ctrl_c_in_the_written_half_of_a_save_keeps_that_checkpoint(tmp_path, monkeypatch):
     """The README says Ctrl-C lets the save in progress finish: it used to drop it."""
-    pause, sent = _write._pause_for_tests, []
-
-    def interrupt_once() -> None:
-        if not sent:
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGINT)
-        pause()
-
-    monkeypatch.setattr(_write, "_pause_for_tests", interrupt_once)
+    signal_inside_the_first_save(monkeypatch, signal.SIGINT)
     trainer = make(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         trainer.fit((X, Y))

@@ -205,3 +205,17 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(
     with pytest.raises(RunFolderError, match="cannot write files in this folder"):
         trainer.fit((X, Y))
     assert trainer.state.step == 0
+
+
+def test_a_checkpoint_folder_given_as_a_path_object_saves(tmp_path):
+    """TrainerConfig accepted a pathlib.Path, and then every save failed: a Path is not JSON."""
+    config = TrainerConfig(epochs=1, batch_size=16, checkpoint_dir=tmp_path)
+    assert config.checkpoint_dir == str(tmp_path)
+    trainer = Trainer(
+        models.MLP((6, 8, 2)),
+        backend="numpy",
+        callbacks=[callbacks.ModelCheckpoint()],
+        config=config,
+    )
+    trainer.fit((X, Y))
+    assert names(tmp_path) == ["epoch=0001-step=000006"]

@@ -143,6 +143,8 @@ class TrainerConfig:
                 "TrainerConfig: checkpoint_dir must be a non-empty path or None, "
                 f"got checkpoint_dir={self.checkpoint_dir!r}"
             )
+        if self.checkpoint_dir is not None:  # a Path is kept as text: checkpoints store it
+            object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
 
 
 def check_run_length(

@@ -34,6 +34,7 @@ from unitrain import (
     ConfigError,
     DataError,
     NonFiniteError,
+    RunFolderError,
     Trainer,
     TrainerConfig,
     callbacks,
@@ -691,6 +692,52 @@ def lock_heartbeat_variable(tmp: Path) -> None:
         trainer(checkpoint_dir=str(tmp)).fit(arrays())
     finally:
         del os.environ["UNITRAIN_LOCK_HEARTBEAT_SECONDS"]
+
+
+@entry(
+    SECTION,
+    "A run file that is a symlink (metrics.jsonl pointing outside the run)",
+    RunFolderError,
+    "Delete the link, or put a copy of the file in its place.",
+)
+def metrics_file_symlink(tmp: Path) -> None:
+    outside = tmp / "outside.txt"
+    outside.write_text("not the run's\n")
+    (tmp / "run").mkdir()
+    os.symlink(outside, tmp / "run" / "metrics.jsonl")
+    trainer(callbacks.JSONLLogger(tmp / "run" / "metrics.jsonl")).fit(arrays())
+
+
+@entry(
+    SECTION,
+    "A run file that is a FIFO, a device or a folder",
+    RunFolderError,
+    "Move it away, or give the run another folder.",
+)
+def metrics_file_fifo(tmp: Path) -> None:
+    os.mkfifo(tmp / "metrics.jsonl")
+    trainer(callbacks.JSONLLogger(tmp / "metrics.jsonl")).fit(arrays())
+
+
+@entry(
+    SECTION,
+    "A run folder that cannot be written (read-only, no permission, full)",
+    RunFolderError,
+    "Give the run a writable folder with free space.",
+)
+def run_folder_read_only(tmp: Path) -> None:
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(os.fsdecode(path)).parent == tmp and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    os.open = read_only  # type: ignore[assignment]
+    try:
+        trainer(callbacks.JSONLLogger(tmp / "metrics.jsonl")).fit(arrays())
+    finally:
+        os.open = real_open
 
 
 # -- recipes ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from unitrain._errors import (
     DataError,
     MissingFrameworkError,
     NonFiniteError,
+    RunFolderError,
     UnitrainError,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "FusedStep",
     "MissingFrameworkError",
     "NonFiniteError",
+    "RunFolderError",
     "RunState",
     "TrainState",
     "Trainer",

@@ -171,6 +171,11 @@ def _launch_workers(backend: str, args: argparse.Namespace) -> int:
     with forwarding_signals() as forward:
         returncode = forward.run(command)
     if forward.received is not None:  # the workers saved and exited, or were stopped
+        print(
+            f"unitrain: {forward.received}: passed on to the {args.workers} workers, which "
+            f"have stopped (launcher exit {returncode}); continue with --resume auto",
+            file=sys.stderr,
+        )
         return PREEMPTION_EXIT_STATUS
     if returncode != 0:
         print(

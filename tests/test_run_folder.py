@@ -168,8 +168,9 @@ def test_a_run_whose_folder_is_taken_over_mid_run_stops_before_writing(tmp_path,
     class TakeOver(callbacks.Callback):
         def on_validation_begin(self, trainer) -> None:
             if trainer.state.epoch == 1:
-                shutil.rmtree(tmp_path)
-                tmp_path.mkdir()
+                # The heartbeat may put its lock back while the folder is being deleted.
+                shutil.rmtree(tmp_path, ignore_errors=True)
+                tmp_path.mkdir(exist_ok=True)
                 (tmp_path / LOCK_NAME).write_text(
                     json.dumps({"pid": 4242, "host": "other-node", "started": time.time()})
                 )

@@ -856,7 +856,8 @@ def test_jsonl_logger_writes_one_flushed_strict_json_line_per_epoch(tmp_path):
     assert [len(lines) for lines in reader.seen] == [1, 2, 3]
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3]
-    assert rows == [json.loads(json.dumps(row)) for row in history]
+    run = {"run_id": trainer.lineage.id}  # each row names its run (unitrain._lineage)
+    assert rows == [json.loads(json.dumps({**row, **run})) for row in history]
     assert {"loss", "val_loss", "val_accuracy", "lr", "step"} <= set(rows[0])
 
 
@@ -950,7 +951,7 @@ def test_csv_logger_writes_header_once_and_empty_cells_for_missing_metrics(tmp_p
     assert [len(lines) for lines in reader.seen] == [2, 3, 4]
     lines = path.read_text().splitlines()
     header = lines[0].split(",")
-    assert header == ["epoch", "step", "lr", "loss", "skipped_steps", "seconds"]
+    assert header == ["epoch", "step", "lr", "loss", "skipped_steps", "seconds", "run_id"]
     assert [line.split(",")[0] for line in lines[1:]] == ["1", "2", "3"]
 
 
@@ -967,9 +968,13 @@ def test_logger_resume_in_a_real_run_has_no_duplicate_epochs(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert rows[0] == full[0]
+    # Resuming an older checkpoint than the newest starts a new run (unitrain._lineage):
+    # the rows after it name that run, and hold the same numbers.
+    assert second.lineage.id != first.lineage.id
+    assert [row["run_id"] for row in rows] == [first.lineage.id] + [second.lineage.id] * 2
     for row, reference in zip(rows[1:], full[1:], strict=True):
-        assert {k: v for k, v in row.items() if k != "seconds"} == {
-            k: v for k, v in reference.items() if k != "seconds"
+        assert {k: v for k, v in row.items() if k not in ("seconds", "run_id")} == {
+            k: v for k, v in reference.items() if k not in ("seconds", "run_id")
         }
 
 

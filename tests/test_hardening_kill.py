@@ -161,6 +161,7 @@ def metric_lines(out: Path) -> tuple[list[dict[str, Any]], str]:
     text = file.read_text(encoding="utf-8") if file.exists() else ""
     *complete, partial = text.split("\n")
     rows = [json.loads(line) for line in complete]
+    assert len({row.pop("run_id") for row in rows}) <= 1, "a killed run resumed as another run"
     for row in rows:
         row.pop("seconds")
     return rows, partial

@@ -220,3 +220,14 @@ def test_a_checkpoint_folder_given_as_a_path_object_saves(tmp_path):
     )
     trainer.fit((X, Y))
     assert names(tmp_path) == ["epoch=0001-step=000006"]
+
+
+def test_metric_rows_name_the_run_that_wrote_them(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    trainer = make(tmp_path / "checkpoints", epochs=2)
+    trainer.callbacks = type(trainer.callbacks)(
+        [*trainer.callbacks.callbacks, callbacks.JSONLLogger(log)]
+    )
+    trainer.fit((X, Y))
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [row["run_id"] for row in rows] == [trainer.lineage.id] * 2

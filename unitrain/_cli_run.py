@@ -24,7 +24,7 @@ __all__ = ["compare", "quiet_framework_import", "train"]
 
 #: Metrics the comparison table shows first, when a run logs them.
 _FIRST = ("loss", "val_loss", "val_accuracy")
-_NOT_COMPARED = ("epoch", "step", "seconds", "skipped_steps")
+_NOT_COMPARED = ("epoch", "step", "seconds", "skipped_steps", "run_id")
 
 
 def quiet_framework_import(backend: str) -> None:

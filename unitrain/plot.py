@@ -17,7 +17,7 @@ from unitrain._errors import ConfigError, MissingFrameworkError
 __all__ = ["plot_runs", "read_metrics"]
 
 #: Logged values that are not curves worth drawing.
-_NOT_CURVES = ("epoch", "step", "seconds", "skipped_steps")
+_NOT_CURVES = ("epoch", "step", "seconds", "skipped_steps", "run_id")
 
 
 def read_metrics(run: str | Path) -> list[dict[str, Any]]:

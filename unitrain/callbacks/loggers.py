@@ -103,6 +103,12 @@ class _EpochFileLogger(Callback):
             written = handle.tell()
         self._offset = written  # only once the line is out: a failed write keeps the old one
 
+    def _row(self, trainer: Trainer, logs: dict[str, Any]) -> dict[str, Any]:
+        """The epoch's metrics, then the id of the run that wrote them (see unitrain._lineage):
+        a file that two runs wrote shows where one ends."""
+        lineage = getattr(trainer, "lineage", None)
+        return logs if lineage is None else {**logs, "run_id": lineage.id}
+
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -111,7 +117,7 @@ class _EpochFileLogger(Callback):
 
 
 class JSONLLogger(_EpochFileLogger):
-    """One JSON object per epoch (``epoch, step, lr, loss, val_loss, ..., seconds``).
+    """One JSON object per epoch (``epoch, step, lr, loss, val_loss, ..., seconds, run_id``).
 
     Non-finite values are written as ``null`` so every line is strict JSON.
     """
@@ -119,7 +125,7 @@ class JSONLLogger(_EpochFileLogger):
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         row = {
             k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-            for k, v in logs.items()
+            for k, v in self._row(trainer, logs).items()
         }
         self._write(json.dumps(row, allow_nan=False) + "\n")
 
@@ -136,11 +142,11 @@ class CSVLogger(_EpochFileLogger):
         self.columns: list[str] | None = None
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
-        buffer = io.StringIO()
+        buffer, row = io.StringIO(), self._row(trainer, logs)
         if self.columns is None:
-            self.columns = list(logs)
+            self.columns = list(row)
             csv.writer(buffer).writerow(self.columns)
-        csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(logs)
+        csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(row)
         self._write(buffer.getvalue())
 
     def on_train_begin(self, trainer: Trainer) -> None:

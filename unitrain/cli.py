@@ -19,6 +19,7 @@ from typing import Any
 
 from unitrain._cli_run import quiet_framework_import
 from unitrain._errors import CheckpointError, UnitrainError
+from unitrain._launch import launched_worker
 from unitrain._preemption import PREEMPTION_EXIT_STATUS, Preempted, stopping_at_once
 
 __all__ = ["main"]
@@ -262,8 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     previous = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # no source line echoed under the message
+    # A launched worker keeps the default action outside fit: one that waits for a peer in
+    # the engine's rendezvous (a blocking C call, where no Python handler runs) must still
+    # end at once on SIGTERM; its launcher says what happened. The harness saw a worker
+    # wait there for the launcher's 30 s kill.
+    training = args.command == "train" and not launched_worker()
     try:
-        training = args.command == "train"
         with stopping_at_once(then_ignore=as_program) if training else contextlib.nullcontext():
             return int(args.handler(args))
     except Preempted:  # a line saying what was saved is printed already

@@ -89,6 +89,8 @@ def outcome(trainer, out: Path):
     """Everything that must match between an interrupted and an uninterrupted run."""
     early = trainer.callbacks.callbacks[0]
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # One run wrote the file, interrupted or not; two runs' ids differ, so it is not compared.
+    assert len({row.pop("run_id") for row in lines}) == 1
     for row in lines:
         row.pop("seconds")
     return {

@@ -29,12 +29,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
-from unitrain._preemption import PREEMPTION_EXIT_STATUS
+from unitrain._preemption import PREEMPTION_EXIT_STATUS, handling
 
 __all__ = [
     "SignalForwarder",
@@ -112,16 +111,8 @@ class SignalForwarder:
 def forwarding_signals() -> Iterator[SignalForwarder]:
     """A :class:`SignalForwarder` whose handlers are installed for the ``with`` block."""
     forwarder = SignalForwarder()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for name in FORWARDED:
-            number = signal.Signals[name]
-            previous[number] = signal.signal(number, forwarder.handle)
-    try:
+    with handling(FORWARDED, forwarder.handle):
         yield forwarder
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def free_ports(count: int) -> list[int]:

@@ -39,6 +39,7 @@ __all__ = [
     "Preempted",
     "SignalWatch",
     "check_signal_names",
+    "handling",
     "restart_resume",
     "stopping_at_once",
 ]
@@ -117,14 +118,11 @@ class SignalWatch:
         self.signals = tuple(signals)
         self.received: str | None = None
         self._on_signal = on_signal
-        self._previous: dict[signal.Signals, Any] = {}
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> SignalWatch:
         self.received = None
-        if threading.current_thread() is threading.main_thread():
-            for name in self.signals:
-                number = signal.Signals[name]
-                self._previous[number] = signal.signal(number, self._handle)
+        self._stack.enter_context(handling(self.signals, self._handle))
         return self
 
     def __exit__(
@@ -133,9 +131,7 @@ class SignalWatch:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        for number, previous in self._previous.items():
-            signal.signal(number, previous)
-        self._previous.clear()
+        self._stack.close()
 
     def _handle(self, number: int, frame: FrameType | None) -> None:
         name = signal.Signals(number).name
@@ -179,12 +175,24 @@ def stopping_at_once(
         print(message, file=sys.stderr, flush=True)
         raise Preempted(name, None, message)
 
+    with handling(signals, stop, then=signal.SIG_IGN if then_ignore else None):
+        yield
+
+
+@contextlib.contextmanager
+def handling(
+    signals: Sequence[str], handler: Callable[[int, FrameType | None], Any], *, then: Any = None
+) -> Iterator[None]:
+    """``handler`` handles ``signals`` for the ``with`` block, on the main thread only (where
+    Python runs handlers; elsewhere nothing changes); afterwards the old handlers are put
+    back, or ``then`` (such as ``signal.SIG_IGN``) is installed instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signal.Signals[name]: signal.signal(signal.Signals[name], stop) for name in signals}
+    numbers = [signal.Signals[name] for name in signals]
+    previous = {number: signal.signal(number, handler) for number in numbers}
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, signal.SIG_IGN if then_ignore else handler)
+        for number, old in previous.items():
+            signal.signal(number, old if then is None else then)

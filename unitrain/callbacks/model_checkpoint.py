@@ -14,7 +14,6 @@ from unitrain.callbacks._monitor import Monitor
 from unitrain.checkpoint import (
     CheckpointWarning,
     checkpoint_name,
-    checkpoint_run,
     list_checkpoints,
     remove_checkpoint,
 )
@@ -170,9 +169,7 @@ class ModelCheckpoint(Callback):
         if self.keep_last is None or self._run_id is None:
             return
         periodic = [
-            path
-            for path in list_checkpoints(directory)
-            if path.name != BEST and checkpoint_run(path)["id"] == self._run_id
+            path for path in list_checkpoints(directory, run=self._run_id) if path.name != BEST
         ]
         for old in periodic[: -self.keep_last]:
             try:

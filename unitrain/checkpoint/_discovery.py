@@ -22,7 +22,7 @@ from unitrain.checkpoint._remove import DISPLACED_PATTERN
 __all__ = ["checkpoint_run", "list_checkpoints", "load_resolved", "resolve_checkpoint"]
 
 
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+def list_checkpoints(directory: str | os.PathLike[str], *, run: str | None = None) -> list[Path]:
     """Lists the checkpoint directories directly inside ``directory``, oldest first.
 
     A checkpoint is a subdirectory (not a symlink) holding a ``manifest.json``. Hidden names
@@ -40,6 +40,8 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
 
     Args:
         directory: where the checkpoints are; a missing directory has none.
+        run: only the checkpoints this run id wrote (see :mod:`unitrain._lineage`), judged
+            from the trainer.json read for the order anyway; None: all.
 
     Returns:
         The checkpoint paths, ``directory / name``, from oldest to newest.
@@ -73,7 +75,9 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
             continue
         if not os.path.lexists(candidate / MANIFEST_FILE):
             continue
-        keyed.append((_order_key(candidate), candidate))
+        state = _trainer_state(candidate)
+        if run is None or (state is not None and _run_record(state)["id"] == run):
+            keyed.append((_order_key(candidate, state), candidate))
     keyed.sort(key=lambda item: item[0])
     return [path for _, path in keyed]
 
@@ -187,9 +191,8 @@ def _trainer_state(checkpoint: Path) -> dict[str, Any] | None:
         return None
 
 
-def _order_key(checkpoint: Path) -> tuple[int, int, int, int, str]:
+def _order_key(checkpoint: Path, state: dict[str, Any] | None) -> tuple[int, int, int, int, str]:
     """Sorts readable checkpoints by (generation, step, epoch, name), after unreadable ones."""
-    state = _trainer_state(checkpoint)
     if state is None:
         return (0, 0, 0, 0, checkpoint.name)
     return (1, _run_record(state)["generation"], state["step"], state["epoch"], checkpoint.name)

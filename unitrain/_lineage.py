@@ -63,12 +63,16 @@ def lineage_for(folders: list[Path], resumed: Path | None, step: int) -> Lineage
         resumed: the checkpoint restored, or None.
         step: the step that checkpoint was written at (the run's step after restoring).
     """
-    found = [path for folder in folders for path in list_checkpoints(folder)]
-    top = max((checkpoint_run(path)["generation"] for path in found), default=-1)
+    listed = {os.path.realpath(folder): list_checkpoints(folder) for folder in folders}
+    top = max(
+        (checkpoint_run(path)["generation"] for found in listed.values() for path in found),
+        default=-1,
+    )
     if resumed is None:
         return Lineage(_new_id(), top + 1)
     record = checkpoint_run(resumed)
-    newest = _newest(resumed.parent) if _inside(resumed, folders) else None
+    in_folder = listed.get(os.path.realpath(resumed.parent))
+    newest = in_folder[-1] if in_folder else None
     if newest is not None and record["id"] is not None:
         newest_record = checkpoint_run(newest)
         if newest_record["id"] == record["id"] and newest_record["step"] == step:
@@ -107,13 +111,3 @@ def claim_folders(folders: list[Path], *, archive: bool) -> None:
                 f"{folder}: could not move its checkpoints into {into} ({exc}); move them "
                 "yourself or give this run another folder"
             ) from exc
-
-
-def _inside(checkpoint: Path, folders: list[Path]) -> bool:
-    parent = os.path.realpath(checkpoint.parent)
-    return any(os.path.realpath(folder) == parent for folder in folders)
-
-
-def _newest(folder: Path) -> Path | None:
-    found = list_checkpoints(folder)
-    return found[-1] if found else None

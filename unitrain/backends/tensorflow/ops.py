@@ -1,0 +1,662 @@
+"""The :mod:`unitrain.ops` contract in TensorFlow ops, for the adapter's ``tf.function`` s.
+
+Each function is one or a few TensorFlow calls that trace into the graph (autograph off, a
+batch axis of unknown size allowed): no host syncs, no numpy at run time, no global switch
+flipped. The semantics are the contract's; what was checked against TensorFlow 2.21's CPU
+kernels, and where an op is written here so that it agrees:
+
+- ``reduce_max``/``reduce_min`` split the gradient among tied maxima, ``abs`` and ``relu``
+  give 0 at 0, ``clip_by_value`` passes it at both bounds and ``pow``'s exponent gradient is
+  zero where the base is not positive: TensorFlow's own derivatives are the contract's.
+- ``tf.maximum``/``tf.minimum`` give all of a tie's gradient to ``x``: :func:`maximum` and
+  :func:`minimum` split it evenly with a custom gradient.
+- ``max_pool``'s gradient goes to the first maximum of each window (``MaxPoolGrad`` on CPU,
+  the select-and-scatter of XLA).
+- ``tf.nn.gelu`` casts its constants to the input's dtype from float32 (float64 results
+  1e-9 off): :func:`gelu` is written out.
+- The CPU kernels have no gradient for a grouped or a dilated convolution and no dilated
+  transposed convolution at all: those are compiled with XLA (:func:`conv`).
+- Pooling ops have no explicit padding: it is added with ``tf.pad`` (-inf for the maximum,
+  left out of the mean's count).
+- Float32 matmuls and convolutions are float32 only while TensorFlow's process-wide TF32
+  switch is off: the adapter sets it from ``matmul_precision`` (:mod:`.precision`,
+  "highest" turns it off); the ops never touch it.
+
+TensorFlow does not promote dtypes: ``float32 + float64`` is an error through the operators
+as through these functions, so portable code combines arrays of one dtype (``ops.dtype(x)``
+names it). The operators are TensorFlow's own, and ``@`` takes no 1-D operand there
+(:func:`matmul` does).
+"""
+
+from __future__ import annotations
+
+import builtins  # the contract's max, min, abs and sum shadow the builtins
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from unitrain.ops import CONTRACT
+
+__all__ = [*CONTRACT, "to_numpy", "vjp"]
+Array = Any
+Axis = int | tuple[int, ...] | None
+Pairish = int | Sequence[int]
+
+_LOW_PRECISION = (tf.float16, tf.bfloat16)
+_SQRT_HALF = 0.7071067811865476
+_SQRT_TWO_OVER_PI = 0.7978845608028654
+
+# -- about arrays ------------------------------------------------------------------------------
+
+
+def shape(x: Array) -> tuple[int, ...]:
+    """``x``'s static shape; an axis unknown while tracing (a batch axis traced as ``None``)
+    is ``None``."""
+    return tuple(x.shape.as_list())
+
+
+def dtype(x: Array) -> str:
+    return tf.as_dtype(x.dtype).name
+
+
+# -- making arrays -----------------------------------------------------------------------------
+
+
+def asarray(x: Any, dtype: str | None = None) -> Array:
+    """A tensor from ``x``: tensors and numpy arrays keep their dtype when ``dtype`` is None;
+    Python floats become float32 and Python ints int64 (``tf.constant`` would make int32)."""
+    if tf.is_tensor(x):
+        return x if dtype is None or x.dtype == dtype else tf.cast(x, dtype)
+    if dtype is None and not isinstance(x, np.ndarray | np.generic):
+        x = np.asarray(x)
+        dtype = {"f": "float32", "i": "int64", "u": "int64"}.get(x.dtype.kind)
+    if dtype is not None:  # cast on the host: one transfer, rounded once
+        x = np.asarray(x, tf.as_dtype(dtype).as_numpy_dtype)
+    return tf.convert_to_tensor(x)
+
+
+def zeros(shape: Sequence[int], dtype: str = "float32") -> Array:
+    return tf.zeros(shape, dtype)
+
+
+def ones(shape: Sequence[int], dtype: str = "float32") -> Array:
+    return tf.ones(shape, dtype)
+
+
+def full(shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
+    return tf.fill(shape, tf.constant(value, dtype))
+
+
+def zeros_like(x: Array) -> Array:
+    return tf.zeros_like(x)
+
+
+def ones_like(x: Array) -> Array:
+    return tf.ones_like(x)
+
+
+def arange(n: int, dtype: str = "int64") -> Array:
+    return tf.range(n, dtype=dtype)
+
+
+def cast(x: Array, dtype: str) -> Array:
+    """``tf.cast``, whose gradient reaches float inputs only."""
+    return tf.cast(x, dtype)
+
+
+# -- elementwise -------------------------------------------------------------------------------
+
+
+def _operands(x: Any, y: Any) -> tuple[Array, Array]:
+    """``x`` and ``y`` as tensors, a Python number taking the other operand's dtype.
+
+    TensorFlow converts a number in the first position before it sees the second operand's
+    dtype (``2.0 + float64`` would be float32 + float64), so the number is converted here."""
+    if not tf.is_tensor(x):
+        x = tf.convert_to_tensor(x, y.dtype if tf.is_tensor(y) else None)
+    if not tf.is_tensor(y):
+        y = tf.convert_to_tensor(y, x.dtype)
+    return x, y
+
+
+def add(x: Array, y: Array) -> Array:
+    return tf.math.add(*_operands(x, y))
+
+
+def subtract(x: Array, y: Array) -> Array:
+    return tf.math.subtract(*_operands(x, y))
+
+
+def multiply(x: Array, y: Array) -> Array:
+    return tf.math.multiply(*_operands(x, y))
+
+
+def divide(x: Array, y: Array) -> Array:
+    return tf.math.truediv(*_operands(x, y))
+
+
+def power(x: Array, y: Array) -> Array:
+    """``tf.pow``, whose gradient with respect to ``y`` is masked to ``x > 0`` already."""
+    return tf.math.pow(*_operands(x, y))
+
+
+def _reduce_to(gradient: Array, target: Array, axes: Array) -> Array:
+    return tf.reshape(tf.reduce_sum(gradient, axes), tf.shape(target))
+
+
+def _tie_split(select: Callable[..., Array], wins: Callable[..., Array]) -> Callable[..., Array]:
+    """An elementwise ``select`` (``tf.maximum``) whose gradient goes to the operand that
+    ``wins``, half to each at a tie."""
+
+    @tf.custom_gradient
+    def split(x: Array, y: Array) -> tuple[Array, Callable[[Array], tuple[Array, Array]]]:
+        def gradient(upstream: Array) -> tuple[Array, Array]:
+            tied = tf.where(tf.equal(x, y), 0.5 * upstream, tf.zeros_like(upstream))
+            to_x = tf.where(wins(x, y), upstream, tied)
+            x_axes, y_axes = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(x), s1=tf.shape(y))
+            return _reduce_to(to_x, x, x_axes), _reduce_to(upstream - to_x, y, y_axes)
+
+        return select(x, y), gradient
+
+    return split
+
+
+_maximum = _tie_split(tf.math.maximum, tf.math.greater)
+_minimum = _tie_split(tf.math.minimum, tf.math.less)
+
+
+def maximum(x: Array, y: Array) -> Array:
+    """``tf.maximum`` with a tie's gradient split evenly (TensorFlow's goes all to ``x``)."""
+    return _maximum(*_operands(x, y))
+
+
+def minimum(x: Array, y: Array) -> Array:
+    """``tf.minimum`` with a tie's gradient split evenly (TensorFlow's goes all to ``x``)."""
+    return _minimum(*_operands(x, y))
+
+
+def where(condition: Array, x: Array, y: Array) -> Array:
+    return tf.where(condition, *_operands(x, y))
+
+
+def clip(x: Array, low: float, high: float) -> Array:
+    """``tf.clip_by_value``, whose gradient passes at both bounds (``low <= x <= high``)."""
+    return tf.clip_by_value(x, low, high)
+
+
+def negative(x: Array) -> Array:
+    return tf.math.negative(x)
+
+
+def abs(x: Array) -> Array:
+    return tf.math.abs(x)
+
+
+def sign(x: Array) -> Array:
+    return tf.math.sign(x)
+
+
+def exp(x: Array) -> Array:
+    return tf.math.exp(x)
+
+
+def expm1(x: Array) -> Array:
+    return tf.math.expm1(x)
+
+
+def log(x: Array) -> Array:
+    return tf.math.log(x)
+
+
+def log1p(x: Array) -> Array:
+    return tf.math.log1p(x)
+
+
+def sqrt(x: Array) -> Array:
+    return tf.math.sqrt(x)
+
+
+def rsqrt(x: Array) -> Array:
+    return tf.math.rsqrt(x)
+
+
+def square(x: Array) -> Array:
+    return tf.math.square(x)
+
+
+def sin(x: Array) -> Array:
+    return tf.math.sin(x)
+
+
+def cos(x: Array) -> Array:
+    return tf.math.cos(x)
+
+
+def tanh(x: Array) -> Array:
+    return tf.math.tanh(x)
+
+
+def erf(x: Array) -> Array:
+    return tf.math.erf(x)
+
+
+def sigmoid(x: Array) -> Array:
+    return tf.math.sigmoid(x)
+
+
+def relu(x: Array) -> Array:
+    return tf.nn.relu(x)
+
+
+def gelu(x: Array, approximate: bool = False) -> Array:
+    """The GELU written out: ``tf.nn.gelu`` casts its constants to the input's dtype from
+    float32, which leaves float64 results about 1e-9 off."""
+    if approximate:
+        inner = _SQRT_TWO_OVER_PI * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + tf.math.tanh(inner))
+    return 0.5 * x * tf.math.erfc(-_SQRT_HALF * x)  # erfc: no cancellation for x << 0
+
+
+def silu(x: Array) -> Array:
+    return tf.nn.silu(x)
+
+
+def softplus(x: Array) -> Array:
+    return tf.math.softplus(x)
+
+
+# -- comparisons (no gradient) -----------------------------------------------------------------
+
+
+def equal(x: Array, y: Array) -> Array:
+    return tf.math.equal(*_operands(x, y))
+
+
+def less(x: Array, y: Array) -> Array:
+    return tf.math.less(*_operands(x, y))
+
+
+def greater(x: Array, y: Array) -> Array:
+    return tf.math.greater(*_operands(x, y))
+
+
+def logical_and(x: Array, y: Array) -> Array:
+    return tf.math.logical_and(x, y)
+
+
+def logical_not(x: Array) -> Array:
+    return tf.math.logical_not(x)
+
+
+def isfinite(x: Array) -> Array:
+    return tf.math.is_finite(x)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+
+def _axes(axis: Axis) -> int | list[int] | None:
+    return list(axis) if isinstance(axis, tuple) else axis
+
+
+def sum(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    return tf.math.reduce_sum(x, _axes(axis), keepdims)
+
+
+def mean(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    return tf.math.reduce_mean(x, _axes(axis), keepdims)
+
+
+def max(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """``tf.reduce_max``, whose gradient is split evenly among tied maxima."""
+    return tf.math.reduce_max(x, _axes(axis), keepdims)
+
+
+def min(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """``tf.reduce_min``, whose gradient is split evenly among tied minima."""
+    return tf.math.reduce_min(x, _axes(axis), keepdims)
+
+
+def argmax(x: Array, axis: int = -1) -> Array:
+    return tf.math.argmax(x, axis, output_type=tf.int64)
+
+
+def moments(x: Array, axis: Axis, keepdims: bool = False) -> tuple[Array, Array]:
+    """Mean and the mean squared deviation from it, float16 and bfloat16 in float32.
+
+    Unlike ``tf.nn.moments`` the mean is not cut off from the gradient (its contribution is
+    zero only in exact arithmetic), and bfloat16 is upcast too."""
+    values = tf.cast(x, tf.float32) if x.dtype in _LOW_PRECISION else x
+    axes = _axes(axis)
+    center = tf.math.reduce_mean(values, axes, keepdims=True)
+    variance = tf.math.reduce_mean(tf.math.square(values - center), axes, keepdims)
+    if not keepdims:
+        center = tf.squeeze(center, axes)
+    return tf.cast(center, x.dtype), tf.cast(variance, x.dtype)
+
+
+def logsumexp(x: Array, axis: Axis = -1, keepdims: bool = False) -> Array:
+    """``tf.reduce_logsumexp``: shifted by the (gradient-stopped) maximum."""
+    return tf.math.reduce_logsumexp(x, _axes(axis), keepdims)
+
+
+# -- linear algebra ----------------------------------------------------------------------------
+
+
+def matmul(x: Array, y: Array) -> Array:
+    """``tf.linalg.matmul`` with numpy's 1-D rule (a vector is a row on the left, a column on
+    the right, its axis dropped from the result), which TensorFlow's op lacks."""
+    vector_x, vector_y = x.shape.rank == 1, y.shape.rank == 1
+    out = tf.linalg.matmul(x[None] if vector_x else x, y[:, None] if vector_y else y)
+    if vector_y:
+        out = out[..., 0]
+    return tf.squeeze(out, -1 if vector_y else -2) if vector_x else out
+
+
+def einsum(subscripts: str, *operands: Array) -> Array:
+    return tf.einsum(subscripts, *operands)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def reshape(x: Array, shape: Sequence[int]) -> Array:
+    return tf.reshape(x, shape)
+
+
+def transpose(x: Array, axes: Sequence[int] | None = None) -> Array:
+    return tf.transpose(x, axes)
+
+
+def expand_dims(x: Array, axis: int) -> Array:
+    return tf.expand_dims(x, axis)
+
+
+def squeeze(x: Array, axis: int | tuple[int, ...]) -> Array:
+    return tf.squeeze(x, _axes(axis))
+
+
+def broadcast_to(x: Array, shape: Sequence[int]) -> Array:
+    return tf.broadcast_to(x, shape)
+
+
+def concat(arrays: Sequence[Array], axis: int = 0) -> Array:
+    return tf.concat(list(arrays), axis)
+
+
+def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
+    return tf.stack(list(arrays), axis)
+
+
+def split(x: Array, sizes: Sequence[int], axis: int = 0) -> list[Array]:
+    return tf.split(x, list(sizes), axis)
+
+
+def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Array:
+    return tf.pad(x, [list(pair) for pair in widths], constant_values=value)
+
+
+# -- indexing ----------------------------------------------------------------------------------
+
+
+def take(x: Array, indices: Array, axis: int = 0) -> Array:
+    """``tf.gather``; its gradient is an ``IndexedSlices`` that sums repeated indices when
+    densified (``vjp`` does)."""
+    return tf.gather(x, indices, axis=axis)
+
+
+def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
+    """A gather along the last axis with every other axis a batch axis (``axis`` is moved
+    last and back; the other axes broadcast, as in numpy)."""
+    rank = x.shape.rank
+    axis %= rank
+    if axis != rank - 1:
+        order = [*range(axis), *range(axis + 1, rank), axis]
+        picked = take_along_axis(tf.transpose(x, order), tf.transpose(indices, order), -1)
+        return tf.transpose(picked, np.argsort(order).tolist())
+    if x.shape[:-1] != indices.shape[:-1] or not x.shape[:-1].is_fully_defined():
+        batch = tf.broadcast_dynamic_shape(tf.shape(x)[:-1], tf.shape(indices)[:-1])
+        x = tf.broadcast_to(x, tf.concat([batch, tf.shape(x)[-1:]], 0))
+        indices = tf.broadcast_to(indices, tf.concat([batch, tf.shape(indices)[-1:]], 0))
+    return tf.gather(x, indices, axis=rank - 1, batch_dims=rank - 1)
+
+
+def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
+    return tf.one_hot(indices, depth, dtype=dtype)
+
+
+# -- networks ----------------------------------------------------------------------------------
+
+
+def softmax(x: Array, axis: int = -1) -> Array:
+    return tf.nn.softmax(x, axis)
+
+
+def log_softmax(x: Array, axis: int = -1) -> Array:
+    return tf.nn.log_softmax(x, axis)
+
+
+def _per_axis(value: Pairish, count: int, name: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * count
+    values = tuple(int(v) for v in value)
+    if len(values) != count:
+        raise ValueError(f"{name} needs one value per spatial axis ({count}), got {value!r}")
+    return values
+
+
+def _spatial_axes(x: Array) -> int:
+    count = x.shape.rank - 2
+    if count not in (1, 2):
+        raise ValueError(f"expected (N, *spatial, C) with 1 or 2 spatial axes, got {x.shape}")
+    return count
+
+
+def _lifted(x: Array, kernel: Array, count: int) -> tuple[Array, Array]:
+    """A 1-D image and kernel as 2-D ones of height 1 (TensorFlow's own ``conv1d`` does the
+    same), so one op serves both."""
+    return (x[:, None], kernel[None]) if count == 1 else (x, kernel)
+
+
+def conv(
+    x: Array,
+    kernel: Array,
+    stride: Pairish = 1,
+    padding: str | Pairish = 0,
+    dilation: Pairish = 1,
+    groups: int = 1,
+) -> Array:
+    """``tf.nn.conv2d`` (1-D as 2-D of height 1), the padding passed to the op.
+
+    ``"same"`` is TensorFlow's own ``SAME`` (``ceil(size / stride)`` outputs, the extra
+    padding after, the window's dilated extent counted); ``groups`` is the ratio of ``x``'s
+    channels to the kernel's input channels, which is how the op tells a grouped convolution.
+    TensorFlow's CPU kernels have no gradient for a grouped or a dilated convolution, so those
+    are compiled with XLA (on every device: which one runs the op is not known here).
+    """
+    count = _spatial_axes(x)
+    if x.shape[-1] is not None and x.shape[-1] != kernel.shape[-2] * groups:
+        raise ValueError(
+            f"conv with groups={groups} needs C_in = kernel.shape[-2] * groups, got x with "
+            f"{x.shape[-1]} channels and a kernel of shape {kernel.shape}"
+        )
+    lift = (1,) * (2 - count)  # the height of a 1-D image
+    strides = (1, *lift, *_per_axis(stride, count, "stride"), 1)
+    dilations = (1, *lift, *_per_axis(dilation, count, "dilation"), 1)
+    pads: str | tuple[tuple[int, int], ...]
+    if isinstance(padding, str):
+        if padding.lower() not in ("same", "valid"):
+            raise ValueError(f'conv padding is "same", "valid" or ints, got {padding!r}')
+        pads = padding.upper()
+    else:
+        widths = tuple((p, p) for p in _per_axis(padding, count, "padding"))
+        pads = ((0, 0), *((0, 0),) * len(lift), *widths, (0, 0))
+    native = groups == 1 and builtins.max(dilations) == 1
+    run = _conv2d if native else _conv2d_compiled
+    out = run(*_lifted(x, kernel, count), strides, pads, dilations)
+    return out[:, 0] if count == 1 else out
+
+
+def conv_transpose(
+    x: Array,
+    kernel: Array,
+    stride: Pairish = 1,
+    padding: Pairish = 0,
+    output_padding: Pairish = 0,
+    dilation: Pairish = 1,
+) -> Array:
+    """``tf.nn.conv2d_transpose`` (the input gradient of ``conv``) sized as the contract says.
+
+    The op is told the forward convolution's padding: ``padding`` before and ``padding -
+    output_padding`` after on each axis, which maps the output size back to ``x``'s. Where
+    ``output_padding`` exceeds ``padding`` the last rows lie beyond every window: zeros. A
+    dilated one is compiled with XLA, as in ``conv``.
+    """
+    count = _spatial_axes(x)
+    strides = _per_axis(stride, count, "stride")
+    pads = _per_axis(padding, count, "padding")
+    extras = _per_axis(output_padding, count, "output_padding")
+    dilations = _per_axis(dilation, count, "dilation")
+    spatial = zip(x.shape[1:-1], kernel.shape[:count], strides, pads, extras, dilations)
+    sizes = [(n - 1) * s - 2 * p + d * (k - 1) + 1 + e for n, k, s, p, e, d in spatial]
+    beyond = [builtins.max(e - p, 0) for p, e in zip(pads, extras)]
+    lift = (1,) * (2 - count)
+    widths = tuple((p, p - e + b) for p, e, b in zip(pads, extras, beyond))
+    run = _conv2d_transpose if builtins.max(dilations) == 1 else _conv2d_transpose_compiled
+    out = run(
+        *_lifted(x, kernel, count),
+        (*lift, *[size - b for size, b in zip(sizes, beyond)], kernel.shape[-2]),
+        (1, *lift, *strides, 1),
+        ((0, 0), *((0, 0),) * len(lift), *widths, (0, 0)),
+        (1, *lift, *dilations, 1),
+    )
+    if builtins.any(beyond):
+        out = tf.pad(out, [[0, 0], *[[0, 0]] * len(lift), *[[0, b] for b in beyond], [0, 0]])
+    return out[:, 0] if count == 1 else out
+
+
+def _conv2d(x: Array, kernel: Array, strides: Any, pads: Any, dilations: Any) -> Array:
+    pads = pads if isinstance(pads, str) else [list(pair) for pair in pads]
+    return tf.nn.conv2d(x, kernel, list(strides), pads, dilations=list(dilations))
+
+
+def _conv2d_transpose(
+    x: Array, kernel: Array, sizes: Any, strides: Any, pads: Any, dilations: Any
+) -> Array:
+    """The transposed convolution to ``(N, *sizes)``: the batch is read from ``x`` in the graph
+    (a constant once XLA knows the shapes), the rest is static."""
+    size = tf.concat([tf.shape(x)[:1], tf.constant(sizes, tf.int32)], 0)
+    pads = [list(pair) for pair in pads]
+    return tf.nn.conv2d_transpose(x, kernel, size, list(strides), pads, dilations=list(dilations))
+
+
+# Settings are tuples, so that each traces (and compiles) once per value.
+_conv2d_compiled = tf.function(_conv2d, jit_compile=True, autograph=False)
+_conv2d_transpose_compiled = tf.function(_conv2d_transpose, jit_compile=True, autograph=False)
+
+
+def _pool_settings(
+    x: Array, window: Pairish, stride: Pairish | None, padding: Pairish
+) -> tuple[tuple[int, ...], tuple[int, ...], list[list[int]] | None]:
+    """The windows, strides and (when there is padding) the pad widths of a pooling."""
+    count = _spatial_axes(x)
+    windows = _per_axis(window, count, "window")
+    strides = windows if stride is None else _per_axis(stride, count, "stride")
+    pads = _per_axis(padding, count, "padding")
+    widths = [[0, 0], *[[p, p] for p in pads], [0, 0]] if builtins.any(pads) else None
+    return windows, strides, widths
+
+
+def max_pool(
+    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
+) -> Array:
+    """``tf.nn.max_pool`` over ``x`` padded with -inf. Its gradient goes to the first maximum
+    of each window (``MaxPoolGrad`` on CPU; XLA's select-and-scatter keeps the first too)."""
+    windows, strides, widths = _pool_settings(x, window, stride, padding)
+    if widths is not None:
+        lowest = -math.inf if x.dtype.is_floating else x.dtype.min
+        x = tf.pad(x, widths, constant_values=tf.constant(lowest, x.dtype))
+    return tf.nn.max_pool(x, windows, strides, "VALID")
+
+
+def avg_pool(
+    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
+) -> Array:
+    """``tf.nn.avg_pool`` over ``x`` padded with zeros, divided by the same pool of a padded
+    mask of ones: each window's sum over the count of its real positions."""
+    windows, strides, widths = _pool_settings(x, window, stride, padding)
+    if widths is None:
+        return tf.nn.avg_pool(x, windows, strides, "VALID")
+    share = tf.nn.avg_pool(tf.pad(tf.ones_like(x[:1, ..., :1]), widths), windows, strides, "VALID")
+    return tf.nn.avg_pool(tf.pad(x, widths), windows, strides, "VALID") / share
+
+
+def scaled_dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """The attention written out. With a mask, the softmax is taken over the kept scores only
+    (the others are -inf before ``exp``, so no gradient passes them) and a row that keeps
+    nothing divides zeros by one."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = tf.linalg.matmul(query, key, transpose_b=True) * scale
+    keep = mask
+    if causal:
+        rows = tf.range(tf.shape(scores)[-2])[:, None]
+        lower = tf.math.greater_equal(rows, tf.range(tf.shape(scores)[-1]))
+        keep = lower if keep is None else tf.math.logical_and(keep, lower)
+    if keep is None:
+        return tf.linalg.matmul(tf.nn.softmax(scores, -1), value)
+    never = tf.constant(-math.inf, scores.dtype)
+    peak = tf.math.reduce_max(tf.where(keep, scores, never), -1, keepdims=True)
+    peak = tf.stop_gradient(tf.where(tf.math.is_finite(peak), peak, tf.zeros_like(peak)))
+    weights = tf.math.exp(tf.where(keep, scores - peak, never))
+    total = tf.math.reduce_sum(weights, -1, keepdims=True)
+    weights = weights / tf.where(total > 0, total, tf.ones_like(total))
+    return tf.linalg.matmul(weights, value)
+
+
+def stop_gradient(x: Array) -> Array:
+    return tf.stop_gradient(x)
+
+
+# -- the conformance kit's hooks ---------------------------------------------------------------
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    """``x`` on the host; bfloat16 comes back as float32 (numpy has no bfloat16)."""
+    if tf.is_tensor(x):
+        return (tf.cast(x, tf.float32) if x.dtype == tf.bfloat16 else x).numpy()
+    return np.asarray(x)
+
+
+def vjp(
+    fn: Callable[..., Any], arrays: Sequence[Array], wrt: Sequence[int]
+) -> tuple[list[Array], Callable[[Sequence[Array]], list[Array]]]:
+    """``fn(*arrays)`` on a ``tf.GradientTape`` watching ``arrays[i]`` for ``i`` in ``wrt``,
+    and the pullback: a gradient per watched input, dense (a gather's ``IndexedSlices`` is
+    summed into a tensor) and zeros where nothing depends on it."""
+    sources = [arrays[i] for i in wrt]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(sources)
+        result = fn(*arrays)
+    outputs = list(result) if isinstance(result, tuple | list) else [result]
+
+    def pullback(cotangents: Sequence[Array]) -> list[Array]:
+        grads = tape.gradient(
+            outputs,
+            sources,
+            output_gradients=list(cotangents),
+            unconnected_gradients=tf.UnconnectedGradients.ZERO,
+        )
+        return [tf.convert_to_tensor(g) for g in grads]
+
+    return outputs, pullback

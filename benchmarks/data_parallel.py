@@ -281,7 +281,7 @@ def _w1_worker(epochs: int, profile: bool = False) -> None:
 
 def throughput(backend: str, epochs: int) -> None:
     """W1 examples per second on 1 and on 2 single-threaded workers, in this one run."""
-    from unitrain.registry import get_backend
+    from unitrain.backends.registry import get_backend
 
     env = {**os.environ, **SINGLE_THREAD, "UNITRAIN_BENCH_BACKEND": backend}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])

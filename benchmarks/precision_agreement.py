@@ -1,7 +1,7 @@
 """Measure how far mixed precision moves gradients and training from the float64 reference.
 
 The conformance kit's ``mixed_precision`` bars (``AGREEMENT`` in
-``conformance/checks/mixed_precision.py``) come from this script's output. For each backend
+``unitrain/conformance/checks/mixed_precision.py``) come from this script's output. For each backend
 and each of ``bf16-mixed`` and ``16-mixed`` it prints one JSON line: the normwise relative
 error of one update's gradients (an SGD step at lr 1 on each of 6 batches of the kit's
 classifier; min and max over the batches) and of the losses and weights after 20 SGD-momentum
@@ -19,9 +19,9 @@ import json
 import numpy as np
 
 from unitrain import optim
-from unitrain.backend import BackendOptions
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 from unitrain.models import MLP
-from unitrain.registry import get_backend
 
 
 def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -29,7 +29,7 @@ def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def _data() -> tuple[np.ndarray, np.ndarray]:
-    # The kit's classifier data (conformance/_probes.py: blobs): 48 examples, 6 features.
+    # The kit's classifier data (unitrain/conformance/_probes.py: blobs): 48 examples, 6 features.
     rng = np.random.default_rng([0, 0xB10B])
     centers = rng.normal(0.0, 2.0, (3, 6))
     y = rng.integers(0, 3, 48)

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unitrain import optim
-from unitrain.backend import Capabilities
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.numpy.layers import Run, _DropoutNode
+from unitrain.backends.protocol import Capabilities
 from unitrain.callbacks import EarlyStopping, LRMonitor, ModelCheckpoint
 
 

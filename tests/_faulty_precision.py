@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from unitrain.backends.numpy import NumpyBackend
-from unitrain.precision import LossScaler
+from unitrain.backends.precision import LossScaler
 
 
 class PrecisionIgnored(NumpyBackend):

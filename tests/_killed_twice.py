@@ -13,8 +13,7 @@ import signal
 from pathlib import Path
 
 from unitrain import callbacks
-from unitrain.recipe import Recipe
-from unitrain.recipes import digits
+from unitrain.recipes import Recipe, digits
 
 KILL_AT = (60, 120)
 

@@ -34,9 +34,9 @@ from unitrain import (  # noqa: E402
 )
 from unitrain.backends.jax import JaxBackend, JaxModel  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
+from unitrain.backends.state import split_state  # noqa: E402
 from unitrain.models import MLP  # noqa: E402
 from unitrain.recipes import default_trainer, load_digits  # noqa: E402
-from unitrain.state import split_state  # noqa: E402
 
 SMALL = MLP((8, 16, 4))
 OPTIMIZERS = {

@@ -8,12 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unitrain import ConfigError, Trainer, TrainerConfig, models, optim, schedules  # noqa: E402
-from unitrain._run_state import model_description  # noqa: E402
-from unitrain.backend import BackendOptions  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
+from unitrain.backends.protocol import BackendOptions  # noqa: E402
 from unitrain.backends.torch import TorchBackend  # noqa: E402
 from unitrain.backends.torch.backend import reads_flag_on_host  # noqa: E402
 from unitrain.backends.torch.kernels import device_guard  # noqa: E402
+from unitrain.training._run_state import model_description  # noqa: E402
 
 MODEL = models.MLP((6, 10, 3))
 

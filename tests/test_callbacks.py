@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitrain import ConfigError, NonFiniteError, Trainer, TrainerConfig, TrainState, models
+from unitrain.backends.state import pack_tensors, unpack_tensors
 from unitrain.callbacks import (
     HOOKS,
     Callback,
@@ -40,7 +41,6 @@ from unitrain.callbacks import (
 from unitrain.callbacks._monitor import Monitor
 from unitrain.checkpoint import list_checkpoints, load_checkpoint
 from unitrain.schedules import Constant, StepDecay
-from unitrain.state import pack_tensors, unpack_tensors
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -856,7 +856,7 @@ def test_jsonl_logger_writes_one_flushed_strict_json_line_per_epoch(tmp_path):
     assert [len(lines) for lines in reader.seen] == [1, 2, 3]
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3]
-    run = {"run_id": trainer.lineage.id}  # each row names its run (unitrain._lineage)
+    run = {"run_id": trainer.lineage.id}  # each row names its run (unitrain.training._lineage)
     assert rows == [json.loads(json.dumps({**row, **run})) for row in history]
     assert {"loss", "val_loss", "val_accuracy", "lr", "step"} <= set(rows[0])
 
@@ -968,7 +968,7 @@ def test_logger_resume_in_a_real_run_has_no_duplicate_epochs(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert rows[0] == full[0]
-    # Resuming an older checkpoint than the newest starts a new run (unitrain._lineage):
+    # Resuming an older checkpoint than the newest starts a new run (unitrain.training._lineage):
     # the rows after it name that run, and hold the same numbers.
     assert second.lineage.id != first.lineage.id
     assert [row["run_id"] for row in rows] == [first.lineage.id] + [second.lineage.id] * 2

@@ -359,7 +359,7 @@ def test_a_python_recipe_with_a_native_model_and_its_own_logger_trains(tmp_path,
         "import numpy as np\n"
         "import torch\n"
         "from unitrain import callbacks\n"
-        "from unitrain.recipe import Recipe\n"
+        "from unitrain.recipes import Recipe\n"
         "\n"
         "def recipe():\n"
         "    x = np.random.default_rng(0).normal(size=(64, 4)).astype('float32')\n"

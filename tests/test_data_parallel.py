@@ -30,10 +30,10 @@ import pytest
 from unitrain import ArrayLoader, DataError, Trainer, TrainerConfig, callbacks
 from unitrain._errors import ConfigError
 from unitrain.backends.numpy import NumpyBackend
+from unitrain.backends.strategy import SimulatedWorkers, SingleProcess, shard_bounds
 from unitrain.conformance import check_backend
 from unitrain.models import MLP
 from unitrain.optim import SGD
-from unitrain.strategy import SimulatedWorkers, SingleProcess, shard_bounds
 
 WORKERS = 2
 _GLOBAL_BATCH = "workers_match_global_batch"
@@ -258,7 +258,7 @@ def test_the_launcher_names_a_killed_worker_and_stops_the_others():
         "time.sleep(120)\n"
     )
     environment = "unitrain.backends.jax.distributed:worker_environment"  # imports no jax
-    command = [sys.executable, "-m", "unitrain._launch", "--workers=2"]
+    command = [sys.executable, "-m", "unitrain.cli._launch", "--workers=2"]
     command += [f"--environment={environment}", "--", "-c", program]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -42,9 +42,9 @@ from unitrain import (
     optim,
     schedules,
 )
-from unitrain._lock import DirectoryLockedError
 from unitrain.checkpoint import _write, load_checkpoint, save_checkpoint
-from unitrain.recipe import load_recipe
+from unitrain.recipes import load_recipe
+from unitrain.training._lock import DirectoryLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -835,7 +835,7 @@ def render_catalogue(tmp_root: Path) -> str:
 
 
 def _gpu_visible(backend: str) -> bool:
-    from unitrain.registry import get_backend
+    from unitrain.backends.registry import get_backend
 
     cls: Any = get_backend(backend)
     return "gpu" in (cls.available_devices() if hasattr(cls, "available_devices") else ())

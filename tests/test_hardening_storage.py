@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
-from unitrain._lock import LOCK_NAME, DirectoryLockedError, RunLock, _process_start
 from unitrain.checkpoint import (
     _write,
     list_checkpoints,
@@ -38,6 +37,7 @@ from unitrain.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from unitrain.training._lock import LOCK_NAME, DirectoryLockedError, RunLock, _process_start
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -394,7 +394,7 @@ RACER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from unitrain._lock import DirectoryLockedError, RunLock
+    from unitrain.training._lock import DirectoryLockedError, RunLock
     directory, start = sys.argv[1], float(sys.argv[2])
     time.sleep(max(0.0, start - time.time()))
     try:
@@ -482,8 +482,8 @@ def test_sigkill_leaves_a_lock_that_the_next_run_takes_over(tmp_path):
 
 
 def test_leftover_cleanup_leaves_the_run_lock_files_to_the_lock(tmp_path):
-    # A contender's lock temporary (perhaps from another host, where its pid means nothing
-    # here) belongs to unitrain._lock's own rules; an interrupted save's staging is removed.
+    # A contender's lock temporary (perhaps from another host, where its pid means nothing here)
+    # belongs to unitrain.training._lock's own rules; an interrupted save's staging is removed.
     lock_temporary = tmp_path / f"{LOCK_NAME}.tmp-999999999-abcd1234"
     lock_temporary.write_text("pid")
     (tmp_path / ".epoch=0001-step=000003.tmp-999999999-abcd1234").mkdir()

@@ -15,23 +15,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Where each folder is installed (pyproject's package-dir).
-PACKAGES = {
-    "unitrain": "unitrain",
-    "backends": "unitrain.backends",
-    "conformance": "unitrain.conformance",
-}
+PACKAGE = ROOT / "unitrain"
+#: The built-in adapters, each in ``unitrain/backends/<name>/``.
+ADAPTERS = ("numpy", "torch", "jax", "tensorflow")
 #: Core modules that are internal although their names carry no underscore.
-INTERNAL = {"unitrain.state"}
+INTERNAL = {"unitrain.backends.state"}
 
 
 def module_name(path: Path) -> str:
-    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join([PACKAGES[folder], *(p for p in rest if p != "__init__")])
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(p for p in parts if p != "__init__")
 
 
-def sources(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py"))
+def is_adapter(module: str) -> bool:
+    return module.split(".")[1:2] == ["backends"] and module.split(".")[2:3] in (
+        [name] for name in ADAPTERS
+    )
+
+
+def is_kit(module: str) -> bool:
+    return module.split(".")[1:2] == ["conformance"]
+
+
+def sources(part: str) -> list[Path]:
+    """The modules of ``part``: "adapters", "kit", "core" (the rest) or "all"."""
+    found = sorted(PACKAGE.rglob("*.py"))
+    keep = {
+        "adapters": lambda name: is_adapter(name),
+        "kit": lambda name: is_kit(name),
+        "core": lambda name: not is_adapter(name) and not is_kit(name),
+        "all": lambda name: True,
+    }[part]
+    return [path for path in found if keep(module_name(path))]
 
 
 def imported_modules(path: Path, *, runtime_only: bool = False) -> list[tuple[int, str]]:
@@ -71,50 +86,61 @@ def imported_modules(path: Path, *, runtime_only: bool = False) -> list[tuple[in
 def is_private_core(module: str) -> bool:
     """Whether ``module`` (or ``package.name`` from a from-import) is a private core module."""
     parts = module.split(".")
-    if parts[0] != "unitrain" or parts[1:2] in (["backends"], ["conformance"]):
+    if parts[0] != "unitrain" or is_adapter(module) or is_kit(module):
         return False
     return any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) or any(
         ".".join(parts[:i]) in INTERNAL for i in range(2, len(parts) + 1)
     )
 
 
-@pytest.mark.parametrize("folder", ["backends", "conformance"])
-def test_adapters_and_the_kit_import_only_public_core_modules(folder):
+@pytest.mark.parametrize("part", ["adapters", "kit"])
+def test_adapters_and_the_kit_import_only_public_core_modules(part):
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {module}"
-        for path in sources(folder)
+        for path in sources(part)
         for line, module in imported_modules(path)
         if is_private_core(module)
     ]
-    assert not bad, "import the public surface (unitrain, unitrain.backend, ...):\n" + "\n".join(
-        bad
+    assert not bad, "import the public surface (unitrain, unitrain.backends.protocol, ...):\n" + (
+        "\n".join(bad)
     )
 
 
 def test_the_kit_reaches_adapters_only_through_the_registry():
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {module}"
-        for path in sources("conformance")
+        for path in sources("kit")
         for line, module in imported_modules(path)
-        if module.startswith("unitrain.backends")
+        if is_adapter(module)
     ]
-    assert not bad, "use unitrain.registry.get_backend(name):\n" + "\n".join(bad)
+    assert not bad, "use unitrain.backends.registry.get_backend(name):\n" + "\n".join(bad)
+
+
+def test_the_core_imports_no_adapter_and_not_the_kit():
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sources("core")
+        for line, module in imported_modules(path, runtime_only=True)
+        if is_adapter(module) or is_kit(module)
+    ]
+    assert not bad, "the core finds backends through the registry:\n" + "\n".join(bad)
 
 
 def test_the_private_core_check_tells_private_from_public():
     assert is_private_core("unitrain._errors.ConfigError")
     assert is_private_core("unitrain.models._base.as_pair")
-    assert is_private_core("unitrain.state.split_state")
-    assert not is_private_core("unitrain.backend.check_state")
+    assert is_private_core("unitrain.backends.state.split_state")
+    assert is_private_core("unitrain.training._lock.RunLock")
+    assert not is_private_core("unitrain.backends.protocol.check_state")
     assert not is_private_core("unitrain.ConfigError")
     assert not is_private_core("unitrain.backends.torch.core.to_numpy")
     assert not is_private_core("unitrain.conformance._context.Context")
 
 
 def test_core_modules_import_each_other_without_a_cycle():
-    known = {module_name(path) for path in sources("unitrain")}
+    known = {module_name(path) for path in sources("all")}
     graph: dict[str, set[str]] = {}
-    for path in sources("unitrain"):
+    for path in sources("all"):
         targets = set()
         for _, module in imported_modules(path, runtime_only=True):
             # ``from package import name``: the submodule when ``name`` is one.
@@ -140,10 +166,9 @@ def test_core_modules_import_each_other_without_a_cycle():
             assert found is None, "import cycle: " + " -> ".join(found)
 
 
-@pytest.mark.parametrize("folder", ["unitrain", "backends", "conformance"])
-def test_no_module_writes_another_objects_private_fields(folder):
+def test_no_module_writes_another_objects_private_fields():
     bad = []
-    for path in sources(folder):
+    for path in sources("all"):
         for node in ast.walk(ast.parse(path.read_text())):
             targets = node.targets if isinstance(node, ast.Assign) else []
             if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
@@ -161,9 +186,9 @@ def test_no_module_writes_another_objects_private_fields(folder):
 @pytest.mark.parametrize(
     "module",
     [
-        "unitrain.trainer",
-        "unitrain._run_state",
-        "unitrain._fit_loop",
+        "unitrain.training.trainer",
+        "unitrain.training._run_state",
+        "unitrain.training._fit_loop",
         "unitrain.callbacks.model_checkpoint",
         "unitrain.checkpoint._remove",
     ],

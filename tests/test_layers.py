@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from unitrain import ConfigError, DataError, models
-from unitrain.backend import BackendOptions
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
-from unitrain.registry import get_backend
 
 CASES = [pytest.param(layer, shape, id=name) for name, layer, shape in LAYER_CASES]
 

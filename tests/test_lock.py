@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from unitrain import ConfigError
-from unitrain._lock import LOCK_NAME, DirectoryLockedError, RunLock, _process_start, locked
 from unitrain.checkpoint import CheckpointWarning
+from unitrain.training._lock import LOCK_NAME, DirectoryLockedError, RunLock, _process_start, locked
 
 
 @pytest.fixture(autouse=True)

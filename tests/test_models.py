@@ -7,7 +7,7 @@ import pytest
 from _backends import backends
 
 from unitrain import ConfigError, models
-from unitrain.backend import BackendOptions
+from unitrain.backends.protocol import BackendOptions
 
 
 def test_initial_weights_are_a_function_of_the_seed():
@@ -46,7 +46,7 @@ def test_round_trip_through_dict():
 @pytest.mark.parametrize("activation", models.ACTIVATIONS)
 def test_every_backend_computes_the_same_function(backend, activation):
     """Same description and seed: same outputs (eval mode) on every backend, up to float32."""
-    from unitrain.registry import get_backend
+    from unitrain.backends.registry import get_backend
 
     model = models.MLP((6, 9, 4), activation=activation, dropout=0.5)
     x = np.random.default_rng(1).normal(size=(11, 6)).astype(np.float32)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from unitrain import ConfigError, optim
-from unitrain.backend import BackendOptions
+from unitrain.backends.protocol import BackendOptions
 from unitrain.models import MLP
 
 OPTIMIZERS = {

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from unitrain import optim
-from unitrain.backend import BackendOptions
-from unitrain.registry import get_backend
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 
 PAPERS = Path(__file__).resolve().parents[1] / "examples" / "papers"
 

@@ -16,8 +16,8 @@ import pytest
 from _backends import FRAMEWORKS, backends
 
 from unitrain import DataError, models, optim
-from unitrain.backend import BackendOptions
-from unitrain.registry import get_backend
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 
 CNN = models.Sequential(
     [

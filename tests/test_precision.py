@@ -13,15 +13,15 @@ import pytest
 from _backends import backends
 
 from unitrain import ConfigError, Trainer, TrainerConfig, callbacks, models, optim
-from unitrain.backend import BackendOptions
-from unitrain.precision import (
+from unitrain.backends.precision import (
     MAX_LOSS_SCALE,
     LossScaler,
     next_loss_scale,
     reference_trajectory,
     require_precision,
 )
-from unitrain.registry import get_backend
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 
 
 def test_defaults_follow_the_issue():
@@ -39,7 +39,7 @@ def test_defaults_follow_the_issue():
         ("precision", 64, "for 64 write dtype='float64' with precision '32'"),
         ("precision", True, r"precision must be one of .*got True$"),
         ("precision", "32-bit", r"precision must be one of .*got '32-bit'$"),
-        ("loss_scaler", 2.0**16, "loss_scaler must be a unitrain.precision.LossScaler"),
+        ("loss_scaler", 2.0**16, "loss_scaler must be a unitrain.backends.precision.LossScaler"),
     ],
 )
 def test_bad_precision_settings_are_refused(field, value, message):

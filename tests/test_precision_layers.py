@@ -16,11 +16,11 @@ from _backends import backends
 from test_portable_models import MODELS, _batch
 
 from unitrain import optim
-from unitrain.backend import BackendOptions
 from unitrain.backends.numpy.precision import rounding
+from unitrain.backends.precision import LossScaler
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
 from unitrain.models import BatchNorm, LayerNorm, Sequential
-from unitrain.precision import LossScaler
-from unitrain.registry import get_backend
 
 #: Normwise relative error bars of one update's gradients against the float64 reference,
 #: and the floor a compute in float32 would fall under. Measured on CPU (Nov 2026) over the

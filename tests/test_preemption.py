@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
-from unitrain._lock import LOCK_NAME
-from unitrain._preemption import PREEMPTION_EXIT_STATUS, Preempted
 from unitrain.checkpoint import CheckpointWarning, _write, list_checkpoints, load_checkpoint
+from unitrain.training._lock import LOCK_NAME
+from unitrain.training._preemption import PREEMPTION_EXIT_STATUS, Preempted
 
 X = np.random.default_rng(0).normal(size=(96, 6)).astype("float32")
 Y = (X[:, 0] + X[:, 1] > 0).astype("int64")

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unitrain._lock import LOCK_NAME
 from unitrain.checkpoint import list_checkpoints, load_checkpoint
+from unitrain.training._lock import LOCK_NAME
 
 pytest.importorskip("torch")
 

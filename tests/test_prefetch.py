@@ -8,9 +8,9 @@ import pytest
 from _backends import backends
 
 from unitrain import Trainer, TrainerConfig, models
-from unitrain.backend import BackendOptions, Prefetch
 from unitrain.backends.numpy import NumpyBackend
-from unitrain.registry import get_backend
+from unitrain.backends.protocol import BackendOptions, Prefetch
+from unitrain.backends.registry import get_backend
 
 
 class CountingPrefetch(NumpyBackend):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from unitrain import ConfigError, callbacks, optim, schedules
-from unitrain.recipe import (
+from unitrain.recipes import (
     apply_overrides,
     load_recipe,
     recipe_from_dict,
@@ -42,7 +42,7 @@ def test_a_python_recipe_file_is_loaded_and_named_after_its_file(tmp_path):
             """
             import numpy as np
             from unitrain import models
-            from unitrain.recipe import Recipe
+            from unitrain.recipes import Recipe
 
             def recipe():
                 x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")

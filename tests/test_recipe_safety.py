@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from unitrain import ConfigError, _recipe_trust, callbacks
+from unitrain import ConfigError, callbacks
 from unitrain.cli import main
-from unitrain.recipe import (
+from unitrain.recipes import (
     Recipe,
+    _trust,
     apply_overrides,
     load_recipe,
     recipe_from_dict,
@@ -173,7 +174,7 @@ def test_allow_imports_keeps_naming_a_module_class_working(tmp_path):
 
 
 def test_cli_allow_imports_is_passed_to_the_recipe_and_to_compare_children(tmp_path, monkeypatch):
-    from unitrain import _cli_run
+    from unitrain.cli import _train
 
     ran: list[list[str]] = []
 
@@ -181,7 +182,7 @@ def test_cli_allow_imports_is_passed_to_the_recipe_and_to_compare_children(tmp_p
         returncode, stdout, stderr = 1, "", ""
 
     monkeypatch.setattr(
-        _cli_run.subprocess, "run", lambda command, **_: ran.append(command) or Failed()
+        _train.subprocess, "run", lambda command, **_: ran.append(command) or Failed()
     )
     path = toml_recipe(tmp_path, '\n[[callbacks]]\ntype = "unitrain.callbacks:TerminateOnNaN"\n')
     arguments = ["compare", str(path), "--backends", "numpy,numpy", "--out", str(tmp_path)]
@@ -213,7 +214,7 @@ def write_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "unitrain.callbacks": {"stop_early": "stopping_plugin:StopEarly"},
         "unitrain.data": {"more_digits": "stopping_plugin:MoreDigits"},
     }
-    monkeypatch.setattr(_recipe_trust, "entry_point_types", lambda group: registered[group])
+    monkeypatch.setattr(_trust, "entry_point_types", lambda group: registered[group])
 
 
 def test_an_entry_point_type_resolves_without_the_flag(tmp_path, monkeypatch):
@@ -248,13 +249,13 @@ def test_built_in_types_round_trip_and_retype_without_any_flag(tmp_path):
 
 def test_a_python_recipe_is_code_and_keeps_its_own_classes_and_paths(tmp_path, monkeypatch):
     write_plugin(tmp_path, monkeypatch)
-    monkeypatch.setattr(_recipe_trust, "entry_point_types", lambda group: {})
+    monkeypatch.setattr(_trust, "entry_point_types", lambda group: {})
     path = tmp_path / "coded.py"
     path.write_text(
         textwrap.dedent(
             f"""
             from unitrain import callbacks, models
-            from unitrain.recipe import Recipe
+            from unitrain.recipes import Recipe
             from unitrain.recipes import Digits
             from stopping_plugin import StopEarly
 

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from unitrain import BackendNotFoundError, ConfigError, MissingFrameworkError, registry
+from unitrain import BackendNotFoundError, ConfigError, MissingFrameworkError
+from unitrain.backends import registry
 from unitrain.backends.numpy import NumpyBackend
 
 
@@ -69,7 +70,8 @@ def test_missing_framework_names_the_pip_extra():
         """
         import sys
         sys.modules["torch"] = None  # as if torch were not installed
-        from unitrain import MissingFrameworkError, registry
+        from unitrain import MissingFrameworkError
+        from unitrain.backends import registry
         try:
             registry.get_backend("torch")
         except MissingFrameworkError as error:
@@ -104,7 +106,7 @@ def test_import_unitrain_is_cheap_and_loads_names_on_use():
         "from unitrain import Trainer, schedules; print(Trainer.__module__, schedules.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "unitrain.trainer", "unitrain.schedules"]
+    assert out.stdout.split() == ["False", "unitrain.training.trainer", "unitrain.schedules"]
     import unitrain
 
     assert set(dir(unitrain)) >= {"Trainer", "TrainerConfig", "schedules", "callbacks"}

@@ -20,7 +20,6 @@ import pytest
 
 from unitrain import CheckpointError, Trainer, TrainerConfig, callbacks, models, optim
 from unitrain._errors import RunFolderError
-from unitrain._lock import LOCK_NAME, DirectoryLockedError
 from unitrain.checkpoint import (
     CheckpointWarning,
     checkpoint_run,
@@ -28,6 +27,7 @@ from unitrain.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from unitrain.training._lock import LOCK_NAME, DirectoryLockedError
 
 X = np.random.default_rng(1).normal(size=(96, 6)).astype("float32")
 Y = (X[:, 0] > 0).astype("int64")

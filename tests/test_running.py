@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unitrain._running import RunningLoss
+from unitrain.training._running import RunningLoss
 
 
 @given(

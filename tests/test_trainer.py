@@ -21,8 +21,8 @@ from unitrain import (
     optim,
     schedules,
 )
-from unitrain.backend import BackendOptions
 from unitrain.backends.numpy import NumpyBackend
+from unitrain.backends.protocol import BackendOptions
 from unitrain.recipes import default_trainer, load_digits
 
 BACKENDS = ["numpy", "torch"]

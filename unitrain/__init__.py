@@ -23,13 +23,13 @@ from unitrain._errors import (
 
 if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and editors
     from unitrain import callbacks, metrics, models, optim, schedules
-    from unitrain.backend import Backend, BackendOptions, Capabilities, FusedStep
+    from unitrain.backends.protocol import Backend, BackendOptions, Capabilities, FusedStep
+    from unitrain.backends.registry import get_backend, list_backends
     from unitrain.config import TrainerConfig
     from unitrain.data import ArrayLoader
     from unitrain.export import export_weights
-    from unitrain.recipe import Recipe, load_recipe
-    from unitrain.registry import get_backend, list_backends
-    from unitrain.trainer import RunState, Trainer, TrainState
+    from unitrain.recipes import Recipe, load_recipe
+    from unitrain.training.trainer import RunState, Trainer, TrainState
 
 __version__ = "0.1.0"
 
@@ -37,23 +37,23 @@ __version__ = "0.1.0"
 _LAZY = {
     "callbacks": "unitrain.callbacks",
     "metrics": "unitrain.metrics",
-    "Recipe": "unitrain.recipe",
-    "load_recipe": "unitrain.recipe",
+    "Recipe": "unitrain.recipes",
+    "load_recipe": "unitrain.recipes",
     "export_weights": "unitrain.export",
     "models": "unitrain.models",
     "optim": "unitrain.optim",
     "schedules": "unitrain.schedules",
-    "Backend": "unitrain.backend",
-    "BackendOptions": "unitrain.backend",
-    "Capabilities": "unitrain.backend",
-    "FusedStep": "unitrain.backend",
+    "Backend": "unitrain.backends.protocol",
+    "BackendOptions": "unitrain.backends.protocol",
+    "Capabilities": "unitrain.backends.protocol",
+    "FusedStep": "unitrain.backends.protocol",
     "TrainerConfig": "unitrain.config",
     "ArrayLoader": "unitrain.data",
-    "get_backend": "unitrain.registry",
-    "list_backends": "unitrain.registry",
-    "Trainer": "unitrain.trainer",
-    "TrainState": "unitrain.trainer",
-    "RunState": "unitrain.trainer",
+    "get_backend": "unitrain.backends.registry",
+    "list_backends": "unitrain.backends.registry",
+    "Trainer": "unitrain.training.trainer",
+    "TrainState": "unitrain.training.trainer",
+    "RunState": "unitrain.training.trainer",
 }
 
 

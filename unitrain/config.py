@@ -8,9 +8,9 @@ import os
 from typing import Any
 
 from unitrain._errors import ConfigError
-from unitrain._preemption import DEFAULT_SIGNALS, check_signal_names
-from unitrain.precision import LossScaler, check_matmul_precision, check_precision
+from unitrain.backends.precision import LossScaler, check_matmul_precision, check_precision
 from unitrain.schedules import AbstractSchedule, Warmup
+from unitrain.training._preemption import DEFAULT_SIGNALS, check_signal_names
 
 __all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length"]
 
@@ -44,7 +44,7 @@ class TrainerConfig:
             run); it no longer decides the matmul precision, ``matmul_precision`` does.
         matmul_precision: ``"highest"`` (float32 matmuls in float32: the same numbers on every
             backend), ``"high"`` (TF32 on NVIDIA GPUs) or ``"medium"`` (bfloat16 passes); see
-            :mod:`unitrain.precision`. No effect on a CPU.
+            :mod:`unitrain.backends.precision`. No effect on a CPU.
         precision: ``"32"`` (or the number 32), ``"bf16-mixed"`` or ``"16-mixed"``
             (Lightning's names): float32 master weights and optimizer state, forward and
             backward in the low precision.
@@ -62,7 +62,7 @@ class TrainerConfig:
             ``set_device_data``, copy the training set to the device once and gather batches
             there by index.
         preemption_signals: the signals on which ``fit`` saves a checkpoint of the step it
-            reaches and exits 143 (see :mod:`unitrain._preemption`); empty: none handled.
+            reaches and exits 143 (see :mod:`unitrain.training._preemption`); empty: none handled.
             Slurm's early warning is SIGUSR1 with ``--signal=USR1@SECONDS``.
 
     Examples:
@@ -94,7 +94,7 @@ class TrainerConfig:
         object.__setattr__(self, "precision", check_precision(self.precision))
         if not isinstance(self.loss_scaler, LossScaler):
             raise ConfigError(
-                "TrainerConfig: loss_scaler must be a unitrain.precision.LossScaler, "
+                "TrainerConfig: loss_scaler must be a unitrain.backends.precision.LossScaler, "
                 f"got {type(self.loss_scaler).__name__}"
             )
         if self.precision != "32" and self.dtype != "float32":

@@ -91,7 +91,7 @@ def export_weights(source: Any, framework: str) -> Any:
     """The model weights of a Trainer or a checkpoint in ``framework``'s layout.
 
     Args:
-        source: a :class:`~unitrain.trainer.Trainer` or the path of a checkpoint directory.
+        source: a :class:`~unitrain.training.trainer.Trainer` or the path of a checkpoint directory.
         framework: ``"torch"`` (a ``state_dict`` of tensors, ``layers.{i}.weight`` as
             ``(out, in)``) or ``"keras"`` (the list for ``model.set_weights``).
 

@@ -1,13 +1,13 @@
 """Metrics beyond the loss: built-ins (accuracy, top-k, MSE, perplexity) and your own.
 
-A metric turns a batch of model outputs and targets into a *sum* and a *count*; the Trainer
-adds those up over a validation or test pass and calls :meth:`Metric.result` once at the end,
-so a metric of a whole pass is exact whatever the batch sizes. Built-in metrics are written
-against a numpy-style array namespace ``xp`` (numpy, ``jax.numpy``, TensorFlow's numpy, a thin
-torch adapter) that a backend offers with its ``outputs`` (see
-:class:`unitrain.backend.DeviceOutputs`): they run on the backend's device, their sums stay
-there, and each is read back once per pass. They run at validation and test time only:
-training steps never pay for them. Targets are checked on the host, where they come from.
+A metric turns a batch of model outputs and targets into a *sum* and a *count*; the Trainer adds
+those up over a validation or test pass and calls :meth:`Metric.result` once at the end, so a metric
+of a whole pass is exact whatever the batch sizes. Built-in metrics are written against a
+numpy-style array namespace ``xp`` (numpy, ``jax.numpy``, TensorFlow's numpy, a thin torch adapter)
+that a backend offers with its ``outputs`` (see :class:`unitrain.backends.protocol.DeviceOutputs`):
+they run on the backend's device, their sums stay there, and each is read back once per pass. They
+run at validation and test time only: training steps never pay for them. Targets are checked on the
+host, where they come from.
 
 Pass them as ``Trainer(..., metrics=[...])``: a :class:`Metric`, a built-in's name
 (``"accuracy"``, ``"top5_accuracy"``, ``"mse"``, ``"perplexity"``), or any function

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import CheckpointError, ConfigError
-from unitrain._recipe_trust import imported_type
+from unitrain.recipes._trust import imported_type
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["HOOKS", "Callback", "CallbackList", "callback_from_dict", "restored"]
 

@@ -10,7 +10,7 @@ from unitrain._errors import ConfigError
 from unitrain.callbacks._base import CallbackList
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["Monitor"]
 

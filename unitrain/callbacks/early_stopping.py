@@ -11,7 +11,7 @@ from unitrain.callbacks._base import Callback, restored
 from unitrain.callbacks._monitor import Monitor
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["EarlyStopping"]
 

@@ -16,7 +16,7 @@ from unitrain._files import open_regular, probe_writable, raising_write_errors, 
 from unitrain.callbacks._base import Callback, restored
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["CSVLogger", "ConsoleLogger", "JSONLLogger"]
 
@@ -24,7 +24,7 @@ __all__ = ["CSVLogger", "ConsoleLogger", "JSONLLogger"]
 class ConsoleLogger(Callback):
     """Prints one line per epoch as soon as it ends (``epoch 3/10: loss=... val_loss=...``).
 
-    With several workers, only rank 0 keeps it (see :mod:`unitrain.strategy`).
+    With several workers, only rank 0 keeps it (see :mod:`unitrain.backends.strategy`).
 
     Lines are flushed at once, so a log file fills while training runs, not when it ends.
 
@@ -67,7 +67,7 @@ class _EpochFileLogger(Callback):
     fails later is a :class:`~unitrain._errors.RunFolderError` (see :mod:`unitrain._files`).
     """
 
-    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    #: With several workers, only rank 0 keeps this callback (see unitrain.backends.strategy).
     main_process_only = True
 
     def __init__(self, path: str | Path) -> None:
@@ -104,8 +104,8 @@ class _EpochFileLogger(Callback):
         self._offset = written  # only once the line is out: a failed write keeps the old one
 
     def _row(self, trainer: Trainer, logs: dict[str, Any]) -> dict[str, Any]:
-        """The epoch's metrics, then the id of the run that wrote them (see unitrain._lineage):
-        a file that two runs wrote shows where one ends."""
+        """The epoch's metrics, then the id of the run that wrote them (see
+        unitrain.training._lineage): a file that two runs wrote shows where one ends."""
         lineage = getattr(trainer, "lineage", None)
         return logs if lineage is None else {**logs, "run_id": lineage.id}
 

@@ -8,7 +8,7 @@ from unitrain._errors import CheckpointError, ConfigError
 from unitrain.callbacks._base import Callback, restored
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["LRMonitor"]
 

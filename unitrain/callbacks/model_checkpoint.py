@@ -19,7 +19,7 @@ from unitrain.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["ModelCheckpoint"]
 
@@ -33,7 +33,7 @@ class ModelCheckpoint(Callback):
     belongs to, counting from 1, so a step saved both by step and at its epoch's end has one
     name: the later save replaces the earlier) and the newest ``keep_last`` of this run are
     kept; checkpoints of other runs in the folder (the run a resume branched from, see
-    :mod:`unitrain._lineage`) are never deleted. With
+    :mod:`unitrain.training._lineage`) are never deleted. With
     ``monitor`` set, the checkpoint of the best epoch so far is also kept under ``dirpath/best``.
     Every write is atomic (a temporary directory renamed into place), so a kill at any moment
     leaves the previous checkpoints valid, and ``fit(resume="latest")`` continues from the

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from unitrain.callbacks._base import Callback
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["ProgressBar"]
 
@@ -23,7 +23,7 @@ class ProgressBar(Callback):
             callback prints the epoch's line, as ``unitrain train`` does).
     """
 
-    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    #: With several workers, only rank 0 keeps this callback (see unitrain.backends.strategy).
     main_process_only = True
 
     def __init__(self, enabled: bool | None = None, leave: bool = True) -> None:

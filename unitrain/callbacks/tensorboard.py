@@ -29,7 +29,7 @@ from unitrain._files import open_regular, probe_writable, raising_write_errors, 
 from unitrain.callbacks._base import Callback
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["TensorBoardLogger"]
 
@@ -57,7 +57,7 @@ class TensorBoardLogger(Callback):
             'unitrain[tensorboard]'``).
     """
 
-    #: With several workers, only rank 0 keeps this callback (see unitrain.strategy).
+    #: With several workers, only rank 0 keeps this callback (see unitrain.backends.strategy).
     main_process_only = True
 
     def __init__(self, log_dir: str | Path) -> None:

@@ -9,7 +9,7 @@ from unitrain._errors import NonFiniteError
 from unitrain.callbacks._base import Callback
 
 if TYPE_CHECKING:
-    from unitrain.trainer import Trainer
+    from unitrain.training.trainer import Trainer
 
 __all__ = ["TerminateOnNaN"]
 

@@ -31,16 +31,16 @@ def list_checkpoints(directory: str | os.PathLike[str], *, run: str | None = Non
     itself is absent, so a crash mid-replacement never loses the old checkpoint.
 
     The order is by the run *generation*, then the ``step`` (then ``epoch``, then name) in each
-    ``trainer.json``, which is only read, not verified. A run that resumes from an older
-    checkpoint than the newest starts a new generation (see :mod:`unitrain._lineage`), so its
-    checkpoints are newer than every step of the run it branched from, even where their step
-    is lower (another batch size). Checkpoints without a generation (written before it was
-    recorded) are generation 0. Checkpoints whose trainer state cannot be read come first, by
+    ``trainer.json``, which is only read, not verified. A run that resumes from an older checkpoint
+    than the newest starts a new generation (see :mod:`unitrain.training._lineage`), so its
+    checkpoints are newer than every step of the run it branched from, even where their step is
+    lower (another batch size). Checkpoints without a generation (written before it was recorded)
+    are generation 0. Checkpoints whose trainer state cannot be read come first, by
     name, so they are tried last when looking for the newest.
 
     Args:
         directory: where the checkpoints are; a missing directory has none.
-        run: only the checkpoints this run id wrote (see :mod:`unitrain._lineage`), judged
+        run: only the checkpoints this run id wrote (see :mod:`unitrain.training._lineage`), judged
             from the trainer.json read for the order anyway; None: all.
 
     Returns:
@@ -162,7 +162,7 @@ def load_resolved(spec: str | os.PathLike[str], directory: str | os.PathLike[str
 
 def checkpoint_run(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
     """A checkpoint's run record and step (``{"id", "generation", "parent", "step"}``), read,
-    not verified (see :mod:`unitrain._lineage`).
+    not verified (see :mod:`unitrain.training._lineage`).
 
     Checkpoints written before runs were recorded give ``id`` and ``parent`` None and
     generation 0; one whose ``trainer.json`` cannot be read gives those and step -1.

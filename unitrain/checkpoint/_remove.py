@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 
 from unitrain._errors import CheckpointError
-from unitrain._lock import LOCK_NAME, pid_running
 from unitrain.checkpoint._format import ALL_FILES, CheckpointWarning
+from unitrain.training._lock import LOCK_NAME, pid_running
 
 __all__ = [
     "DISPLACED_PATTERN",
@@ -80,16 +80,15 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
 
 def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     """Deletes the unfinished saves and removals that killed processes left in ``directory``.
+     Readers ignore them, but each can be as large as a checkpoint, and a job that is killed often would
+    fill its disk. Only those whose writer (the pid in the name) is not running on this host, or is this
+    process, are deleted; call this only while holding the directory's run lock (the Trainer does, see
+    :mod:`unitrain.training._lock`), so that no other run writes there. A displaced ``.{name}.old-*``
+    copy is deleted only when ``name`` exists (the replacement was installed); otherwise it is the only
+    copy of that checkpoint and is kept.
 
-    Readers ignore them, but each can be as large as a checkpoint, and a job that is killed
-    often would fill its disk. Only those whose writer (the pid in the name) is not running on
-    this host, or is this process, are deleted; call this only while holding the directory's
-    run lock (the Trainer does, see :mod:`unitrain._lock`), so that no other run writes there.
-    A displaced ``.{name}.old-*`` copy is deleted only when ``name`` exists (the replacement
-    was installed); otherwise it is the only copy of that checkpoint and is kept.
-
-    Args:
-        directory: a checkpoint directory; a missing one has nothing to delete.
+        Args:
+            directory: a checkpoint directory; a missing one has nothing to delete.
     """
     root = Path(directory)
     try:
@@ -97,7 +96,7 @@ def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     except OSError:
         return
     for name in names:
-        if name.startswith(LOCK_NAME):  # the run lock's own files: see unitrain._lock
+        if name.startswith(LOCK_NAME):  # the run lock's own files: see unitrain.training._lock
             continue
         leftover = LEFTOVER_PATTERN.fullmatch(name) or DISPLACED_PATTERN.fullmatch(name)
         if leftover is None or (".old-" in name and leftover["name"] not in names):

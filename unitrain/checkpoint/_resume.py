@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from unitrain._errors import CheckpointError, ConfigError
-from unitrain.state import check_state
+from unitrain.backends.state import check_state
 
 __all__ = [
     "ResumePoint",

@@ -1,7 +1,7 @@
 """The default recipe: an MLP on the digits, one epoch of warmup then cosine decay, early stop.
 
 ``unitrain train`` runs it when no recipe is named (``unitrain train digits`` names it).
-Written as any recipe file is: ``recipe()`` returns a :class:`unitrain.recipe.Recipe`.
+Written as any recipe file is: ``recipe()`` returns a :class:`unitrain.recipes.Recipe`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import math
 from unitrain import callbacks, optim, schedules
 from unitrain.config import TrainerConfig
 from unitrain.models import MLP
-from unitrain.recipe import Recipe
-from unitrain.recipes import Digits
+from unitrain.recipes import Digits, Recipe
 
 
 def recipe(config: TrainerConfig | None = None) -> Recipe:

@@ -34,9 +34,9 @@ import numpy as np
 import tensorflow as tf
 
 from unitrain import optim
-from unitrain.backend import BackendOptions, Batch, Capabilities
+from unitrain.backends.protocol import BackendOptions, Batch, Capabilities
+from unitrain.backends.state import check_state, split_state
 from unitrain.models import MLP
-from unitrain.state import check_state, split_state
 
 __all__ = ["KerasNativeBackend"]
 

@@ -1,1 +1,0 @@
-"""Built-in backends, importable as ``unitrain.backends.<name>``; each imports its framework."""

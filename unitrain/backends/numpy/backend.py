@@ -1,0 +1,273 @@
+"""The numpy reference backend: small, obviously correct, and the oracle of parity checks.
+
+It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
+(:mod:`.layers`, :mod:`.model`) and the reference optimizer rules of
+:mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
+checked by reading it. Unlike the other adapters it keeps no optimizer table: each optimizer's
+own ``reference_update`` *is* the rule, so every optimizer, a third party's included, has
+its oracle here.
+
+Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike: the
+parameters a pass reads, its input and every layer's output (and, backwards, every gradient flowing
+between layers and each parameter gradient of a pass) are rounded to the compute dtype, products are
+accumulated in float32, the loss is computed in float32, and the gradients land in float32 master
+buffers. ``"16-mixed"`` runs the loss scaler of :mod:`unitrain.backends.precision`; a scaled
+gradient past float16's range rounds to inf there, as on the frameworks, and the update is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from unitrain import ConfigError, optim
+from unitrain.backends.numpy.layers import Run
+from unitrain.backends.numpy.model import build
+from unitrain.backends.numpy.precision import rounding
+from unitrain.backends.precision import (
+    GOOD_STEPS_KEY,
+    SCALE_KEY,
+    compute_dtype,
+    next_loss_scale,
+    require_precision,
+    take_scaler_state,
+)
+from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.data import check_targets
+from unitrain.models import AbstractLayer, InputCheck
+
+__all__ = ["NumpyBackend"]
+
+
+class NumpyBackend:
+    """Reference implementation of the :class:`unitrain.backends.protocol.Backend` protocol."""
+
+    name = "numpy"
+    capabilities = Capabilities(
+        devices=("cpu",),
+        dtypes=("float32", "float64"),
+        portable_layers=True,
+        precisions={"cpu": ("32", "bf16-mixed", "16-mixed")},
+    )
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """Always the CPU."""
+        return ("cpu",)
+
+    def __init__(self, model: AbstractLayer, options: BackendOptions | None = None) -> None:
+        if not isinstance(model, AbstractLayer):
+            raise ConfigError(
+                "the numpy backend trains unitrain.models architectures only, "
+                f"got {type(model).__name__}"
+            )
+        self.options = options = options or BackendOptions()
+        if options.device not in ("cpu", "auto"):
+            raise ConfigError(
+                f"the numpy backend runs on 'cpu' only, got device={options.device!r}"
+            )
+        if options.dtype not in self.capabilities.dtypes:
+            raise ConfigError(
+                f"the numpy backend trains in {self.capabilities.dtypes}, "
+                f"got dtype={options.dtype!r}"
+            )
+        if options.loss not in ("cross_entropy", "mse"):
+            raise ConfigError(f"unknown loss {options.loss!r}; choose 'cross_entropy' or 'mse'")
+        require_precision(self.name, self.capabilities.precisions["cpu"], options.precision, "cpu")
+        if options.precision != "32" and options.dtype != "float32":
+            raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
+        #: Rounds to the compute dtype under mixed precision; None in "32".
+        self._rounding = rounding(compute_dtype(options.precision))
+        #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
+        self.scaler = (
+            options.loss_scaler.initial_state() if options.precision == "16-mixed" else None
+        )
+        self.model, self.dtype = model, np.dtype(options.dtype)
+        self.params = model.init_params(options.seed, self.dtype)
+        self.model_state = model.init_state(self.dtype)
+        self.opt_state = optim.init_state(options.optimizer, self.params)
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self._root = build(model)
+        self._input_check = InputCheck(model)
+        self._micro_batch = 0
+        self._skipped = 0
+        #: Whether every loss since the last step was finite (a step with one that is not is
+        #: skipped, as one with a non-finite gradient is).
+        self._losses_finite = True
+
+    @property
+    def device(self) -> str:
+        """Always ``"cpu"``."""
+        return "cpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a loss or gradient was not finite."""
+        return self._skipped
+
+    # -- computation ---------------------------------------------------------------------
+
+    def _pass(self, train: bool, grads: dict[str, np.ndarray], **seed: Any) -> Run:
+        """The shared context of one forward or backward pass.
+
+        Under mixed precision it reads the parameters rounded to the compute dtype (float32
+        master copies stay untouched) and rounds what flows between layers.
+        """
+        if self._rounding is None:
+            return Run(self.params, self.model_state, grads, train=train, **seed)
+        low = {k: self._rounding(v) for k, v in self.params.items()}
+        return Run(low, self.model_state, grads, train=train, rounding=self._rounding, **seed)
+
+    def _run(self, x: Any, train: bool) -> np.ndarray:
+        """Forward pass; in train mode every node keeps what its backward needs."""
+        self._input_check(x)
+        x = np.asarray(x) if self._input_check.tokens else np.asarray(x, self.dtype)
+        seed = [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+        run = self._pass(train, self.grads, dropout_seed=seed)
+        return run.low(self._root.forward(run.low(x), run))
+
+    def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
+        """Return the mean loss and its gradient with respect to ``out``.
+
+        Cross-entropy reads the last axis as classes and averages over every other position
+        (every token of a sequence model's ``(N, L, V)`` logits). Every batch's targets are
+        checked first (a DataError): the Trainer checks a native loader's first batch only,
+        and indexing would read label ``-1`` as the last class.
+        """
+        check_targets(np.asarray(y), out.shape[1:], self.options.loss, name="a batch")
+        if self.options.loss == "mse":
+            diff = out - np.asarray(y, self.dtype).reshape(out.shape)
+            return np.mean(diff * diff), 2 * diff / self.dtype.type(diff.size)
+        logits = out.reshape(-1, out.shape[-1])
+        n = len(logits)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        labels = np.asarray(y).astype(np.int64).reshape(-1)
+        loss = -np.mean(log_probs[np.arange(n), labels])
+        grad = np.exp(log_probs)
+        grad[np.arange(n), labels] -= 1
+        return loss, (grad / self.dtype.type(n)).reshape(out.shape)
+
+    # NaN and Inf are the Trainer's to handle (step skips the update, the policy decides), so
+    # numpy's floating-point warnings about them are silenced: they would only be noise, or
+    # errors under ``-W error``. The other backends' frameworks do not warn either.
+
+    def forward(self, batch: Batch) -> Any:
+        """Run in train mode and keep the activations; return the mean loss."""
+        x, y = batch
+        with np.errstate(all="ignore"):
+            out = self._run(x, train=True)
+            loss, self._grad_out = self._loss(out, y)
+        self._losses_finite &= bool(np.isfinite(loss))
+        self._micro_batch += 1
+        return loss
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Backpropagate the last loss and add ``scale`` times its gradients to the buffers."""
+        with np.errstate(all="ignore"):
+            self._backward(scale)
+
+    def _backward(self, scale: float) -> None:
+        if self._rounding is None:
+            run = self._pass(True, self.grads)
+            self._root.backward(self._grad_out * self.dtype.type(scale), run)
+            return
+        if self.scaler is not None:
+            scale = scale * float(self.scaler[0])  # a power of two: exact
+        # This pass's parameter gradients are rounded to the compute dtype, as a
+        # low-precision kernel writes them, before they are added to the float32 buffers.
+        grads = {k: np.zeros_like(v) for k, v in self.grads.items()}
+        run = self._pass(True, grads)
+        self._root.backward(run.low(self._grad_out * self.dtype.type(scale)), run)
+        for k, g in grads.items():
+            self.grads[k] += run.low(g)
+
+    def step(self, lr: float) -> None:
+        """Clip, check for a non-finite loss or gradient, apply the reference update, zero
+        the grads."""
+        if self.scaler is not None:
+            for g in self.grads.values():
+                g *= np.float32(1.0) / self.scaler[0]  # unscale; exact, the scale is 2**k
+        with np.errstate(all="ignore"):
+            norm = optim.global_norm(self.grads)
+        # A loss can overflow where its gradient does not (a huge mse target).
+        finite = bool(np.isfinite(norm)) and self._losses_finite
+        if self.scaler is not None:
+            scale, good = next_loss_scale(
+                self.options.loss_scaler, *self.scaler, np.bool_(finite), np.where
+            )
+            self.scaler = np.float32(scale), np.int32(good)
+        if not finite:
+            self._skipped += 1
+        else:
+            if self.options.grad_clip_norm is not None:
+                optim.clip_by_global_norm(self.grads, self.options.grad_clip_norm)
+            optim.apply_update(self.options.optimizer, self.params, self.grads, self.opt_state, lr)
+        for g in self.grads.values():
+            g.fill(0)
+        self._micro_batch, self._losses_finite = 0, True
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Mean loss (and accuracy for classification) in eval mode: no dropout, the running
+        statistics used and left unchanged."""
+        x, y = batch
+        with np.errstate(all="ignore"):
+            out = self._run(x, train=False)
+            loss, _ = self._loss(out, y)
+        metrics = {"loss": loss}
+        if self.options.loss == "cross_entropy":
+            labels = np.asarray(y).reshape(out.shape[:-1])
+            metrics["accuracy"] = np.mean(out.argmax(axis=-1) == labels)
+        return metrics
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode."""
+        with np.errstate(all="ignore"):
+            out = self._run(inputs, train=False)
+        return out
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = np
+
+    def outputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """Eval-mode outputs and the targets, for metrics."""
+        return self.predict(batch[0]), np.asarray(batch[1])
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the parameters, model state and optimizer state under canonical names."""
+        state = {f"model.{k}": v.copy() for k, v in (self.params | self.model_state).items()}
+        state.update({f"optimizer.{k}": np.array(v) for k, v in self.opt_state.items()})
+        if self.scaler is not None:
+            state[f"optimizer.{SCALE_KEY}"] = np.array(self.scaler[0], np.float32)
+            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.array(self.scaler[1], np.int64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace parameters, model state, optimizer state and the loss scaler's state;
+        names and shapes must match."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        if self.scaler is not None:
+            self.scaler = take_scaler_state(opt)
+        self.params = {k: np.array(model[k], self.dtype) for k in self.params}
+        self.model_state = {k: np.array(model[k], self.dtype) for k in self.model_state}
+        self.opt_state = {
+            k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()
+        }
+        self._micro_batch, self._losses_finite = 0, True
+
+    def rng_state(self) -> dict[str, Any]:
+        """Nothing: dropout masks come from ``(seed, step, micro_batch)``."""
+        return {}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""
+
+    def versions(self) -> dict[str, str]:
+        """numpy's version."""
+        return {"numpy": importlib.metadata.version("numpy")}

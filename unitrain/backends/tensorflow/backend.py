@@ -1,0 +1,400 @@
+"""The TensorFlow backend: :class:`unitrain.models.MLP`, a Keras model or a ``tf.Module``.
+
+Every hot-path computation is a ``tf.function`` with autograph off, traced once per input
+signature: the batch axis is left unknown (``None``), so the smaller last batch of an epoch
+does not retrace, and the learning rate, the loss scale and the micro-batch index are tensor
+arguments, so changing them every step does not retrace either (``trace_counts`` counts the
+traces). The optimizer updates are the reference rules of :mod:`unitrain.optim`, written by
+hand in :mod:`unitrain.backends.tensorflow.optimizers`, because Keras' optimizers differ from them.
+
+Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
+returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
+``scale`` times them into gradient-buffer variables; ``step(lr)`` clips, checks the gradients
+for NaN/inf in-graph (the global norm when clipping, else one sum per tensor; a non-finite
+value leaves parameters and optimizer state untouched and adds one to a device-side skip
+counter), updates, and zeros the buffers. ``train_step`` fuses the three into one function
+without the buffers.
+
+Several updates per call (``TrainerConfig.steps_per_call``; the ``MultiStep`` and
+``DeviceData`` protocols): :meth:`TensorFlowBackend.train_steps` runs k updates in one call
+over batches stacked on a new leading axis; with ``data_on_device``, ``set_device_data`` and
+``train_steps_on_device`` keep the whole training set on the device and gather each batch by
+index inside the call. Both equal k single ``train_step`` calls.
+
+Native models are called as ``model(x, training=...)``, their state-dict names are the
+variables' paths (:func:`.model.named_variables`), and their dropout uses their own random
+state (a Keras seed generator is a model variable, saved and restored with the model).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # must precede the first TF import
+
+import numpy as np
+import tensorflow as tf  # absolute: the framework, not this module
+import tensorflow.experimental.numpy as tnp
+
+from unitrain import ConfigError
+from unitrain.backends.precision import require_precision
+from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.backends.strategy import dropout_index
+from unitrain.backends.tensorflow import model as tf_model
+from unitrain.backends.tensorflow import optimizers
+from unitrain.backends.tensorflow.compiled import CompiledGraphs
+from unitrain.backends.tensorflow.core import (
+    make_deterministic,
+    matrix,
+    resolve_device,
+    scalar,
+    seed_global_rngs,
+    spec,
+    vector,
+    zeros_variable,
+)
+from unitrain.backends.tensorflow.distributed import (
+    LocalDevices,
+    TensorFlowDistributed,
+    join_launched_workers,
+    launch_command,
+    local_devices_environment,
+)
+from unitrain.backends.tensorflow.layers import TFPortable
+from unitrain.backends.tensorflow.precision import (
+    COMPUTE_DTYPES,
+    LossScale,
+    set_matmul_precision,
+)
+from unitrain.backends.tensorflow.prefetch import prefetch
+from unitrain.models import MLP, AbstractLayer, InputCheck
+
+__all__ = ["TensorFlowBackend"]
+
+_DTYPES = {"float32": tf.float32, "float64": tf.float64}
+
+
+class TensorFlowBackend(CompiledGraphs):
+    """TensorFlow implementation of the :class:`unitrain.backends.protocol.Backend` protocol.
+
+    Attributes:
+        module: the model (a :class:`~unitrain.backends.tensorflow.tf_model.TFMLP` for a portable
+            MLP).
+        variables: every model variable under its state-dict name.
+        params: the trainable subset of ``variables``, in gradient order.
+        trace_counts: how many times each compiled function was traced, by name.
+    """
+
+    name = "tensorflow"
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"),
+        dtypes=tuple(_DTYPES),
+        bit_exact_resume=True,
+        portable_layers=True,
+        data_parallel=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed", "16-mixed"),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
+    )
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The devices TensorFlow can use on this machine."""
+        return ("cpu", "gpu") if tf.config.list_physical_devices("GPU") else ("cpu",)
+
+    def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        join_launched_workers()  # MultiWorkerMirroredStrategy must come before any tensor
+        self.options = options = options or BackendOptions()
+        self.device_name = resolve_device(options.device)
+        if options.dtype not in _DTYPES:
+            raise ConfigError(
+                f"the tensorflow backend trains in {tuple(_DTYPES)}, got dtype={options.dtype!r}"
+            )
+        self.dtype = _DTYPES[options.dtype]
+        require_precision(
+            self.name, self.capabilities.precisions[self.device], options.precision, self.device
+        )
+        if options.precision != "32" and not isinstance(model, AbstractLayer):
+            raise ConfigError(
+                f"precision={options.precision!r} on the tensorflow backend casts portable "
+                "models only; give a Keras model its own dtype policy "
+                "(keras.mixed_precision.set_dtype_policy('mixed_bfloat16')) and precision='32'"
+            )
+        self._compute_dtype = COMPUTE_DTYPES.get(options.precision)
+        if options.deterministic:
+            make_deterministic()
+        set_matmul_precision(options.matmul_precision)
+        seed_global_rngs(options.seed)
+        with tf.device(self.device_name):
+            if isinstance(model, MLP):
+                params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
+                self.module: Any = tf_model.TFMLP(model, params, self.dtype)
+                self.variables: dict[str, tf.Variable] = self.module.named_variables()
+            elif isinstance(model, AbstractLayer):
+                numpy_dtype = self.dtype.as_numpy_dtype
+                params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
+                self.module = TFPortable(model, params, state, self.dtype, self._compute_dtype)
+                self.variables = self.module.named_variables() | self.module.named_state()
+            else:
+                self.module = model
+                self.variables = tf_model.named_variables(model)
+            self.params = {k: v for k, v in self.variables.items() if v.trainable}
+            wrong = {k: v.dtype.name for k, v in self.params.items() if v.dtype != self.dtype}
+            if wrong:
+                raise ConfigError(
+                    f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
+                    f"got {wrong}"
+                )
+            optimizers.rule_for(options.optimizer)  # refuse a type the table lacks, now
+            self.slots = {
+                slot: [zeros_variable(p) for p in self.params.values()]
+                for slot in options.optimizer.state_slots
+            }
+            self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
+            self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+            self.loss_scale = LossScale(options)
+        self.loss_fn, self.classification = tf_model.loss_function(options.loss)
+        self._dropout = isinstance(model, AbstractLayer) and model.drops_out
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
+        self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
+        self._functions: dict[tuple[Any, ...], Any] = {}
+        self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
+        self.trace_counts: collections.Counter[str] = collections.Counter()
+        self._pending: list[tf.Tensor] | None = None
+        self._accumulated = False
+        self._micro_batch, self._worker = 0, (1, 0)  # worker: (world size, rank), for dropout
+        self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
+        self._reduce_gradients: Any = None  # summed over workers when data-parallel
+
+    @property
+    def device(self) -> str:
+        """``"gpu"`` when running on a GPU, else ``"cpu"``."""
+        return "gpu" if "GPU" in self.device_name else "cpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a gradient was not finite (reads a device counter)."""
+        return int(self.skipped_count.numpy())
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On a GPU, each batch copied while the previous one trains (see
+        :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
+        inputs = tf.int64 if self._tokens else self.dtype  # token ids stay ids
+        return prefetch(batches, self.device_name, inputs, self.classification)
+
+    def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
+        x = tf.convert_to_tensor(x)
+        if x.dtype != self.dtype and not self._tokens:
+            x = tf.cast(x, self.dtype)
+        y = tf.convert_to_tensor(y)
+        if self.classification and y.dtype != tf.int64:
+            y = tf.cast(y, tf.int64)
+        elif not self.classification and y.dtype.is_floating and y.dtype != self.dtype:
+            y = tf.cast(y, self.dtype)
+        return x, y
+
+    def forward(self, batch: Batch) -> Any:
+        """Train-mode forward under a gradient tape; returns the loss (a device scalar).
+
+        The gradients are computed in the same compiled call and kept, as device tensors,
+        for :meth:`backward`: the protocol always follows a forward with a backward, and one
+        traced function is faster than replaying the tape eagerly.
+        """
+        x, y = self._tensors(batch)
+        function = self._batch_function("forward", self._forward_graph, x, y, scalar(tf.int64))
+        micro = dropout_index(self._micro_batch, *self._worker)
+        loss, self._pending = function(x, y, tf.constant(micro, tf.int64))
+        self._micro_batch += 1
+        return loss
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last forward to the gradient buffers."""
+        if self._pending is None:
+            raise ConfigError("backward() needs a forward() first (once per forward)")
+        signature = ([spec(p, full=True) for p in self.params.values()], scalar(self.dtype))
+        function = self._function(("accumulate",), self._accumulate_graph, signature)
+        function(self._pending, tf.constant(scale, self.dtype))
+        self._pending, self._accumulated = None, True
+
+    def step(self, lr: float) -> None:
+        """Clip, skip on a non-finite norm, update at ``lr``, zero the buffers (one call)."""
+        if self._reduce_gradients is not None:
+            summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
+            for buffer, value in zip(self.grad_buffers, summed, strict=True):
+                buffer.assign(value)
+        function = self._function(("step",), self._step_graph, (scalar(self.dtype),))
+        function(tf.constant(lr, self.dtype))
+        self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
+        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
+        key dropout as worker ``rank`` of ``world_size`` (``strategy.dropout_index``)."""
+        self._reduce_gradients, self._worker = reduce_gradients, (world_size, rank)
+
+    def launched_strategy(self) -> Any:
+        """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
+        return TensorFlowDistributed.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
+        return launch_command(workers)
+
+    # One process over several local devices (unitrain.backends.strategy.LocalDeviceParallel).
+    local_devices_environment = staticmethod(local_devices_environment)
+    local_devices_strategy = staticmethod(LocalDevices)
+
+    def train_step(self, batch: Batch, lr: float) -> Any:
+        """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""
+        if self._accumulated:
+            raise ConfigError("train_step() with gradients pending from backward(); call step()")
+        x, y = self._tensors(batch)
+        function = self._batch_function(
+            "train_step", self._train_step_graph, x, y, scalar(tf.int64), scalar(self.dtype)
+        )
+        loss = function(x, y, tf.constant(self._micro_batch, tf.int64), tf.constant(lr, self.dtype))
+        self._micro_batch, self._pending = 0, None
+        return loss
+
+    def train_steps(self, batches: Batch, lrs: Any) -> Any:
+        """Run ``k`` updates in one compiled call; equal to ``k`` calls of :meth:`train_step`.
+
+        Args:
+            batches: ``(inputs, targets)`` stacked along a new leading axis of length ``k``
+                (all ``k`` batches the same size).
+            lrs: the ``k`` learning rates, one per update.
+
+        Returns:
+            The ``k`` losses as one device tensor.
+        """
+        xs, ys = self._tensors(batches)
+        lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
+        function = self._batch_function(
+            "train_steps", self._train_steps_graph, xs, ys, vector(self.dtype), stacked=True
+        )
+        losses = function(xs, ys, lrs)
+        self._micro_batch, self._pending = 0, None
+        return losses
+
+    def set_device_data(self, inputs: Any, targets: Any) -> None:
+        """Copy a whole training set to the device for :meth:`train_steps_on_device`."""
+        with tf.device(self.device_name):
+            x, y = self._tensors((inputs, targets))
+            self._device_data = (tf.identity(x), tf.identity(y))
+
+    def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
+        """Run ``k`` updates on batches gathered by index from :meth:`set_device_data`'s set.
+
+        Args:
+            indices: int array ``(k, batch_size)``; row ``i`` holds the examples of update ``i``
+                (a smaller last batch of an epoch goes in a call of its own).
+            lrs: the ``k`` learning rates.
+
+        Returns:
+            The ``k`` losses as one device tensor; equal to ``train_step`` on the same batches.
+        """
+        if self._device_data is None:
+            raise ConfigError("train_steps_on_device() needs set_device_data() first")
+        x, y = self._device_data
+        indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
+        lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
+        signature = (spec(x, full=True), spec(y, full=True), matrix(tf.int64), vector(self.dtype))
+        key = ("train_steps_on_device", *(spec for spec in signature[:2]))
+        function = self._function(key, self._gather_steps_graph, signature)
+        losses = function(x, y, indices, lrs)
+        self._micro_batch, self._pending = 0, None
+        return losses
+
+    def to_host(self, values: list[Any]) -> list[np.ndarray]:
+        """Many device values (losses) read back to the host in one transfer."""
+        if all(v.shape == values[0].shape for v in values):
+            return list(tf.stack(values).numpy())
+        return [v.numpy() for v in values]
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Eval-mode metrics (no dropout, no gradients, no state change) as device scalars."""
+        x, y = self._tensors(batch)
+        return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
+
+    def _eval_outputs(self, x: tf.Tensor) -> tf.Tensor:
+        """Eval-mode outputs in the parameter dtype (run eagerly)."""
+        out = self.module(self._compute_input(x), training=False)
+        return out if self._compute_dtype is None else tf.cast(out, self.dtype)
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
+        return np.asarray(self._eval_outputs(x))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = tnp
+
+    def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
+        x, y = self._tensors(batch)
+        return self._eval_outputs(x), y
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _optimizer_variables(self) -> dict[str, tf.Variable]:
+        """Optimizer slots under canonical names (``<param>.<slot>``), param-major order."""
+        named: dict[str, tf.Variable] = {}
+        for index, name in enumerate(self.params):
+            for slot, variables in self.slots.items():
+                named[f"{name}.{slot}"] = variables[index]
+        return named
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and optimizer state as host numpy copies, canonical names."""
+        state = {f"model.{k}": np.array(v.numpy()) for k, v in self.variables.items()}
+        for key, variable in self._optimizer_variables().items():
+            state[f"optimizer.{key}"] = np.array(variable.numpy())
+        state["optimizer.step"] = np.asarray(self.step_count.numpy(), np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Assign parameters and optimizer state; names and shapes must match exactly."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        with tf.device(self.device_name):
+            for name, variable in self.variables.items():
+                variable.assign(np.asarray(model[name], variable.dtype.as_numpy_dtype))
+            for name, variable in self._optimizer_variables().items():
+                variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
+            self.step_count.assign(int(opt["step"]))
+            self.loss_scale.load(opt)
+        self._micro_batch, self._pending, self._accumulated = 0, None, False
+
+    def rng_state(self) -> dict[str, Any]:
+        """TensorFlow's global ``tf.random.Generator`` state (unitrain draws nothing from it)."""
+        generator = tf.random.get_global_generator()
+        return {"global_generator": generator.state.numpy().tolist()}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        if "global_generator" in state:
+            generator = tf.random.get_global_generator()
+            generator.reset(tf.constant(state["global_generator"], tf.int64))
+
+    def versions(self) -> dict[str, str]:
+        """TensorFlow's version (and Keras' for a Keras model, CUDA's on a GPU)."""
+        versions = {"tensorflow": tf.__version__}
+        keras = sys.modules.get("keras")
+        if keras is not None and isinstance(self.module, keras.layers.Layer):
+            versions["keras"] = keras.__version__
+        if self.device == "gpu":
+            cuda = tf.sysconfig.get_build_info().get("cuda_version")
+            if cuda:
+                versions["cuda"] = str(cuda)
+        return versions

@@ -1,0 +1,371 @@
+"""The PyTorch backend: any ``nn.Module`` with a loss, or :class:`unitrain.models.MLP`.
+
+The model's state dict is the module's own: parameters and persistent buffers (BatchNorm
+running statistics and counters) under their ``module.state_dict()`` names, so a checkpoint's
+``model.safetensors`` loads straight into the native module with ``load_state_dict``.
+
+Optimizers come from the table of :mod:`.optimizers`: torch's own classes where their
+formulas are the reference's, ``torch._foreach`` ops in the reference's form where not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from unitrain import ConfigError, optim
+from unitrain.backends.precision import require_precision
+from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.backends.strategy import dropout_index
+from unitrain.backends.torch.core import (
+    DTYPES,
+    ArrayOps,
+    decode,
+    encode,
+    make_deterministic,
+    numpy_dtype,
+    resolve_device,
+    to_numpy,
+)
+from unitrain.backends.torch.kernels import device_guard, finite_check
+from unitrain.backends.torch.layers import build_portable
+from unitrain.backends.torch.loops import UpdateLoops
+from unitrain.backends.torch.model import TorchMLP, loss_function
+from unitrain.backends.torch.optimizers import optimizer_for
+from unitrain.backends.torch.precision import (
+    MixedPrecision,
+    cpu_float16_autocast,
+    set_matmul_precision,
+)
+from unitrain.backends.torch.prefetch import prefetch
+from unitrain.models import MLP, AbstractLayer, InputCheck
+
+__all__ = ["TorchBackend", "reads_flag_on_host"]
+
+
+class TorchBackend(UpdateLoops):
+    """PyTorch implementation of the :class:`unitrain.backends.protocol.Backend` protocol, with the
+    fused, multi-step and data-on-device calls of :class:`.loops.UpdateLoops`."""
+
+    name = "torch"
+    capabilities = Capabilities(
+        devices=("cpu", "gpu"),
+        dtypes=("float32", "float64", "bfloat16"),
+        portable_layers=True,
+        data_parallel=True,
+        precisions={
+            "cpu": ("32", "bf16-mixed") + (("16-mixed",) if cpu_float16_autocast() else ()),
+            "gpu": ("32", "bf16-mixed", "16-mixed"),
+        },
+    )
+
+    @staticmethod
+    def available_devices() -> tuple[str, ...]:
+        """The devices torch can use on this machine."""
+        return ("cpu", "gpu") if torch.cuda.is_available() else ("cpu",)
+
+    def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
+        self.options = options = options or BackendOptions()
+        self.torch_device = resolve_device(options.device)
+        if options.dtype not in DTYPES:
+            raise ConfigError(f"the torch backend trains in {tuple(DTYPES)}, got {options.dtype!r}")
+        self.dtype = DTYPES[options.dtype]
+        device_kind = "gpu" if self.torch_device.type == "cuda" else "cpu"
+        require_precision(
+            self.name, self.capabilities.precisions[device_kind], options.precision, device_kind
+        )
+        if options.deterministic:
+            make_deterministic(self.torch_device)
+        set_matmul_precision(options.matmul_precision)
+        self._mixed = MixedPrecision(options, self.torch_device)
+        torch.manual_seed(options.seed)
+        if isinstance(model, MLP):
+            self.module: nn.Module = TorchMLP(model).to(self.dtype)
+            with torch.no_grad():
+                initial = model.init_params(options.seed, numpy_dtype(self.dtype))
+                for name, value in initial.items():
+                    self.module.get_parameter(name).copy_(torch.from_numpy(value))
+        elif isinstance(model, AbstractLayer):
+            self.module = build_portable(model, options.seed, self.dtype, self.torch_device)
+        elif isinstance(model, nn.Module):
+            self.module = model
+        else:
+            raise ConfigError(
+                "the torch backend trains an nn.Module or unitrain.models.MLP, "
+                f"got {type(model).__name__}"
+            )
+        self.module.to(self.torch_device, self.dtype).train()
+        self.params = dict(self.module.named_parameters())
+        self._forward_module = self.module  # DDP's wrapper when data-parallel (distribute)
+        #: Parameters and persistent buffers under their state-dict names, in the module's order.
+        self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
+        self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
+        self._tokens = self._input_check is not None and self._input_check.tokens
+        self.loss_fn, self.classification = loss_function(options.loss)
+        self.optimizer = optimizer_for(options.optimizer, self.params)
+        self._loss: torch.Tensor | None = None  # the last forward's, until backward
+        self._step = 0
+        self._micro_batch = 0
+        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
+        self._skipped = 0
+        # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
+        self._host_batches = self.torch_device.type == "cpu" and self.dtype != torch.bfloat16
+        self._numpy_dtype = numpy_dtype(self.dtype)
+        self._all_finite = finite_check(self.torch_device, self.dtype)
+        if isinstance(self.module, TorchMLP) and model.dropout:
+            self.module.generator = torch.Generator(self.torch_device)
+        native = self.optimizer.native
+        step_seeded = getattr(self.module, "generator", None) is not None
+        on_host = reads_flag_on_host(self.torch_device, self._mixed.scaled, step_seeded, native)
+        self._guard = None if on_host else device_guard(native, options.grad_clip_norm)
+
+    @property
+    def device(self) -> str:
+        """``"gpu"`` on CUDA, else ``"cpu"``."""
+        return "gpu" if self.torch_device.type == "cuda" else "cpu"
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped because a gradient was not finite."""
+        self._settle()
+        return self._skipped
+
+    def _settle(self) -> None:
+        """Take in the updates the device guard skipped since the last call (one read)."""
+        if self._guard is not None:
+            skipped = self._guard.take_skipped()
+            self._skipped += skipped
+            self._step -= skipped
+
+    def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """On CUDA, each batch pinned and copied on a side stream while the previous one
+        trains (see :mod:`.prefetch`); on the CPU, ``batches`` unchanged."""
+        inputs = torch.int64 if self._tokens else self.dtype  # token ids stay ids
+        return prefetch(batches, self.torch_device, inputs, self.classification)
+
+    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        if self._input_check is not None:
+            self._input_check(x)
+        if self._tokens:
+            x = torch.as_tensor(x).to(self.torch_device, torch.int64)
+        elif self._host_batches and type(x) is np.ndarray and x.dtype == self._numpy_dtype:
+            x = torch.from_numpy(x)  # the common case: no conversion, no copy, no dispatch
+        else:
+            x = torch.as_tensor(x).to(self.torch_device, self.dtype, non_blocking=True)
+        if self._host_batches and type(y) is np.ndarray:
+            y = torch.from_numpy(y)
+        else:
+            y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
+        if self.classification:
+            if y.dtype != torch.int64:
+                y = y.long()
+        elif self.options.loss == "mse":
+            y = y.to(self.dtype)
+        return x, y
+
+    def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.options.loss == "mse":  # targets may come as (n,) for one output
+            y = y.reshape(out.shape)
+        elif self.classification and out.ndim > 2:  # every position of (N, L, V) logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return self.loss_fn(out, y)
+
+    def forward(self, batch: Batch) -> Any:
+        """Train-mode forward; returns the loss detached from the graph (no host sync)."""
+        return self._forward_tensors(*self._tensors(batch))
+
+    def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self.module.training:
+            self.module.train()
+        generator = getattr(self.module, "generator", None)
+        if generator is not None:
+            micro = dropout_index(self._micro_batch, *self._worker)
+            seed = hash((self.options.seed, self._step, micro)) & (2**63 - 1)
+            generator.manual_seed(seed)
+        with self._mixed.autocast():
+            out = self._forward_module(x)
+            self._loss = self._compute_loss(out, y)
+        self._micro_batch += 1
+        return self._loss.detach()
+
+    def distribute(self, wrap: Any, world_size: int, rank: int) -> None:
+        """Run train-mode forwards through ``wrap(module)`` (DDP), which syncs gradients, and
+        key dropout as worker ``rank`` of ``world_size`` (see ``strategy.dropout_index``)."""
+        self._forward_module = wrap(self.module)
+        self._worker = (world_size, rank)
+
+    def launched_strategy(self) -> Any:
+        """DDP over the workers torchrun started, or None when it did not start this one."""
+        from unitrain.backends.torch.distributed import TorchDDP
+
+        return TorchDDP.from_environment()
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        """The launcher that starts ``workers`` local workers (torch.distributed.run)."""
+        from unitrain.backends.torch.distributed import launch_command
+
+        return launch_command(workers)
+
+    def backward(self, scale: float = 1.0) -> None:
+        """Add ``scale`` times the gradients of the last loss to ``.grad``.
+
+        A non-finite loss makes every gradient NaN, so the update is skipped as for a
+        non-finite gradient (a float32 mse can overflow to inf while its gradient stays
+        finite): the loss is multiplied by ``loss * 0 + 1``, detached, which is exactly 1.0
+        for a finite loss and NaN otherwise. Two scalar ops, no host sync.
+        """
+        scale = self._mixed.loss_multiplier(scale)
+        if (loss := self._loss) is None:
+            raise ConfigError("backward() needs a forward() first; each loss is used once")
+        loss = loss * (loss.detach() * 0 + 1)
+        (loss if scale == 1.0 else loss * scale).backward()
+        self._loss = None
+
+    def step(self, lr: float) -> None:
+        """Clip, skip on non-finite gradients, update at ``lr``, zero the gradients."""
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if self._guard is not None and grads:  # decided on the device, counted when read
+            self._guard.check(grads)
+            self._update(lr)
+            return
+        self._mixed.unscale(grads)
+        finite = not grads or self._gradients_finite(grads)
+        self._mixed.update(finite)
+        if not finite:
+            self._skipped += 1
+            self.optimizer.zero_grad()
+            self._micro_batch = 0
+            return
+        self._update(lr)
+
+    def _update(self, lr: float) -> None:
+        self._step += 1
+        self.optimizer.step(lr, self._step)
+        self.optimizer.zero_grad()
+        self._micro_batch = 0
+
+    def _gradients_finite(self, grads: list[torch.Tensor]) -> bool:
+        """Clip ``grads`` in place if configured; return whether they are all finite.
+
+        Without clipping, the check is the cheapest one this device and dtype support (see
+        :func:`.kernels.finite_check`). The host guard, for runs whose next step needs the
+        outcome (dropout seeds, the loss scale) or whose kernel cannot skip on a device flag:
+        on CPU the read of the flag costs nothing; on CUDA it is a sync per step, which the
+        device guard (:class:`.kernels.DeviceGuard`) avoids.
+        """
+        clip = self.options.grad_clip_norm
+        if clip is None:
+            return self._all_finite(grads)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if not bool(torch.isfinite(norm)):
+            return False
+        torch._foreach_mul_(grads, torch.clamp(clip / (norm + optim.CLIP_EPSILON), max=1.0))
+        return True
+
+    def to_host(self, values: list[torch.Tensor]) -> list[np.ndarray]:
+        """Many device values (losses) read back to the host in one transfer, in their dtype
+        (bfloat16 as float32, which holds it exactly)."""
+        if all(v.shape == values[0].shape for v in values):
+            return list(to_numpy(torch.stack(values)))
+        return [to_numpy(v) for v in values]
+
+    def evaluate(self, batch: Batch) -> dict[str, Any]:
+        """Eval-mode metrics (no dropout, frozen norm statistics, no gradients)."""
+        x, y = self._tensors(batch)
+        self.module.eval()
+        with torch.no_grad(), self._mixed.autocast():
+            out = self.module(x)
+            metrics = {"loss": self._compute_loss(out, y)}
+            if self.classification:
+                hits = out.argmax(dim=-1) == y.reshape(out.shape[:-1])
+                metrics["accuracy"] = hits.to(torch.float32).mean()
+        return metrics
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The model's outputs for ``inputs`` in eval mode, on the host."""
+        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))  # token ids stay ints
+        self.module.eval()
+        with torch.no_grad(), self._mixed.autocast():
+            return to_numpy(self.module(x).to(self.dtype))
+
+    #: The array functions metrics use (see :meth:`outputs`).
+    array_ops = ArrayOps
+
+    def outputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval-mode outputs and the targets as tensors on the device, for metrics."""
+        x, y = self._tensors(batch)
+        self.module.eval()
+        with torch.no_grad(), self._mixed.autocast():
+            return self.module(x).to(self.dtype), y
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
+        state = {f"model.{k}": to_numpy(v) for k, v in self.tensors.items()}
+        shapes = {f"{k}.": v.shape for k, v in self.params.items()}
+        for key, tensor in self.optimizer.slots().items():
+            if tensor is None:
+                shape = next(s for prefix, s in shapes.items() if key.startswith(prefix))
+                state[f"optimizer.{key}"] = np.zeros(shape, numpy_dtype(self.dtype))
+            else:
+                state[f"optimizer.{key}"] = to_numpy(tensor)
+        self._settle()
+        state["optimizer.step"] = np.asarray(self._step, np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Copy parameters, buffers and optimizer state in; names and shapes must match exactly."""
+        check_state(self.state_dict(), state)
+        model, opt = split_state(state)
+        self._settle()  # what was skipped before the load stays counted as skipped
+        self._step = int(opt.pop("step"))
+        self._mixed.load(opt)
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
+        self.optimizer.load_slots(opt, self._step)
+        self._micro_batch = 0
+
+    def rng_state(self) -> dict[str, Any]:
+        """torch's global CPU (and CUDA) generator states, base64-encoded."""
+        state = {"cpu": encode(torch.get_rng_state())}
+        if self.torch_device.type == "cuda":
+            state["cuda"] = encode(torch.cuda.get_rng_state(self.torch_device))
+        return state
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        if "cpu" in state:
+            torch.set_rng_state(decode(state["cpu"]))
+        if "cuda" in state and self.torch_device.type == "cuda":
+            torch.cuda.set_rng_state(decode(state["cuda"]), self.torch_device)
+
+    def versions(self) -> dict[str, str]:
+        """torch's version (and CUDA's when used)."""
+        versions: dict[str, str] = {"torch": torch.__version__}
+        if self.torch_device.type == "cuda" and torch.version.cuda:
+            versions["cuda"] = torch.version.cuda
+        return versions
+
+
+def reads_flag_on_host(
+    device: torch.device,
+    scaled: bool,
+    step_seeded_dropout: bool,
+    native: torch.optim.Optimizer | None,
+) -> bool:
+    """Whether a step reads its non-finite flag on the host rather than skip on the device.
+
+    On the CPU the read costs nothing (and the device guard's extra ops ~5 % of a small step);
+    step-seeded dropout and the fp16 loss scale need each step's outcome before the next one;
+    and only torch's own optimizers (``native``) have fused kernels that skip on a flag.
+    """
+    return device.type == "cpu" or scaled or step_seeded_dropout or native is None

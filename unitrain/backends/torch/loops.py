@@ -1,0 +1,115 @@
+"""Updates the Trainer makes in one call: ``train_step``, ``train_steps``, and the training set
+kept on the device (``set_device_data`` with ``train_steps_on_device``).
+
+Eager torch has no compiled step to fuse, so each of these runs the plain ``forward;
+backward; step`` on tensors that are already where they belong; what they save is host work
+per update. ``train_steps`` converts (on a GPU: copies) its ``k`` batches in one go. With
+``TrainerConfig(data_on_device=True)`` the training set is copied to the device once and each
+update gathers its batch there by index (``index_select``): one copy of a ``(k, batch)``
+index array per call replaces ``k`` gathers on the host and ``k`` batch copies, the host work
+a GPU otherwise waits for (issue 14). Each equals the same updates made one by one, dropout
+masks included; the kit's ``fused`` family checks all three.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from unitrain import ConfigError
+from unitrain.backends.protocol import Batch
+
+__all__ = ["UpdateLoops"]
+
+
+class UpdateLoops:
+    """What :class:`~.backend.TorchBackend` offers beyond the three calls: the ``FusedStep``,
+    ``MultiStep`` and ``DeviceData`` protocols of :mod:`unitrain.backends.protocol`."""
+
+    _device_data: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    if TYPE_CHECKING:  # the backend's own, used here
+
+        def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
+        def forward(self, batch: Batch) -> torch.Tensor: ...
+        def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+        def backward(self, scale: float = 1.0) -> None: ...
+        def step(self, lr: float) -> None: ...
+
+    def train_step(self, batch: Batch, lr: float) -> torch.Tensor:
+        """``forward(batch); backward(); step(lr)``; returns the loss (no host sync)."""
+        loss = self.forward(batch)
+        self.backward()
+        self.step(lr)
+        return loss
+
+    def train_steps(self, batches: Batch, lrs: Any) -> torch.Tensor:
+        """``k`` updates, equal to ``k`` :meth:`train_step` calls.
+
+        Args:
+            batches: ``(xs, ys)`` stacked along a new leading axis of length ``k``.
+            lrs: the ``k`` learning rates, one per update.
+
+        Returns:
+            The ``k`` losses as one device tensor (see :func:`_losses`).
+        """
+        xs, ys = batches
+        k = len(xs)
+        x, y = self._tensors((_merged(xs), _merged(ys)))  # one conversion for all k batches
+        x, y = x.unflatten(0, (k, -1)), y.unflatten(0, (k, -1))
+        return _losses([self._update_on(x[i], y[i], float(lr)) for i, lr in enumerate(lrs)])
+
+    def set_device_data(self, inputs: Any, targets: Any) -> None:
+        """Put a whole training set on the device once, for :meth:`train_steps_on_device`."""
+        self._device_data = self._tensors((inputs, targets))
+
+    def train_steps_on_device(self, indices: Any, lrs: Any) -> torch.Tensor:
+        """``k`` updates on batches gathered on the device from :meth:`set_device_data`'s set.
+
+        Args:
+            indices: integer array ``(k, batch_size)``; row ``i`` lists update ``i``'s examples.
+            lrs: the ``k`` learning rates.
+
+        Returns:
+            The ``k`` losses as one device tensor (see :func:`_losses`); equal to
+            :meth:`train_step` on the same batches.
+        """
+        if self._device_data is None:
+            raise ConfigError(
+                "train_steps_on_device() needs set_device_data(inputs, targets) first"
+            )
+        rows = np.asarray(indices)
+        if rows.ndim != 2 or rows.dtype.kind not in "iu":
+            raise ConfigError(
+                f"train_steps_on_device(): indices must be integers of shape (updates, "
+                f"batch_size), got {rows.dtype} of shape {rows.shape}"
+            )
+        x, y = self._device_data
+        on_device = torch.from_numpy(rows.astype(np.int64)).to(x.device, non_blocking=True)
+        return _losses(
+            [
+                self._update_on(x.index_select(0, row), y.index_select(0, row), float(lr))
+                for row, lr in zip(on_device, lrs, strict=True)
+            ]
+        )
+
+    def _update_on(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+        """One update on tensors already converted and checked (once for the whole call)."""
+        loss = self._forward_tensors(x, y)
+        self.backward()
+        self.step(lr)
+        return loss
+
+
+def _losses(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The losses side by side; bfloat16 and float16 ones in float32, which holds them exactly
+    and which numpy reads (``numpy.asarray`` refuses a bfloat16 tensor)."""
+    stacked = torch.stack(losses)
+    return stacked.float() if stacked.dtype in (torch.bfloat16, torch.float16) else stacked
+
+
+def _merged(stacked: Any) -> Any:
+    """``(k, batch, ...)`` as ``(k * batch, ...)``, a view for numpy arrays and tensors."""
+    return stacked.reshape((-1, *stacked.shape[2:]))

@@ -1,0 +1,279 @@
+"""Optimizers of the PyTorch adapter: one table from optimizer type to its implementation.
+
+torch's own classes where their formulas are the reference's (SGD, Adam, RMSprop), on the
+fastest kernel that computes them correctly here (:func:`.kernels.build_optimizer` decides by
+running them); ``torch._foreach`` ops in the reference's form where torch has no class that
+does (AdamW, whose torch class decays the weights in a separate multiply, and Lion).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from unitrain import optim
+from unitrain.backends.torch.kernels import build_optimizer
+
+__all__ = [
+    "OPTIMIZERS",
+    "ForeachOptimizer",
+    "NativeOptimizer",
+    "TorchOptimizer",
+    "optimizer_for",
+]
+
+
+class TorchOptimizer(Protocol):
+    """What the backend asks of one optimizer's implementation."""
+
+    @property
+    def native(self) -> torch.optim.Optimizer | None:
+        """The ``torch.optim`` object when torch runs the update (its fused kernels can skip
+        a step on a device flag, see :func:`.kernels.device_guard`), else None."""
+
+    def step(self, lr: float, step: int) -> None:
+        """Apply one update at ``lr`` to the parameters with gradients (``step`` counts it)."""
+
+    def zero_grad(self) -> None:
+        """Drop the gradients."""
+
+    def slots(self) -> dict[str, torch.Tensor | None]:
+        """The state as ``{"<param>.<slot>": tensor}`` (None: not created yet, read as 0)."""
+
+    def load_slots(self, slots: Mapping[str, np.ndarray], step: int) -> None:
+        """Replace the state with ``slots`` (canonical names) after ``step`` updates."""
+
+
+class NativeOptimizer:
+    """A ``torch.optim`` class whose formulas are the reference's, on the fastest kernel that
+    computes them correctly here (:func:`build_optimizer`), its state under canonical names.
+
+    torch uses fused or multi-tensor kernels by default only when every parameter is on CUDA;
+    on the CPU it loops over the parameters in Python, one op per tensor. For the 32-64-10 MLP
+    of the W2 benchmark SGD's step costs 27 µs that way and 8 µs fused, of a ~150 µs step
+    (benchmarks/README.md).
+
+    Args:
+        spec: the optimizer description.
+        params: the parameters by canonical name.
+        kind: the ``torch.optim`` class.
+        settings: its hyperparameters besides the learning rate.
+        names: canonical slot -> the name torch keeps it under.
+        counts_steps: whether torch keeps a ``step`` per parameter (it must be restored).
+    """
+
+    def __init__(
+        self,
+        spec: optim.AbstractOptimizer,
+        params: Mapping[str, nn.Parameter],
+        kind: Any,
+        settings: dict[str, Any],
+        names: Mapping[str, str],
+        *,
+        counts_steps: bool,
+    ) -> None:
+        self.params = dict(params)
+        self.names = {slot: names[slot] for slot in spec.state_slots}
+        self.native = self.optimizer = build_optimizer(kind, list(self.params.values()), settings)
+        self._counts_steps = counts_steps
+
+    def step(self, lr: float, step: int) -> None:
+        """One update of the torch optimizer at ``lr``."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        """The torch optimizer's ``zero_grad``."""
+        self.optimizer.zero_grad()
+
+    def slots(self) -> dict[str, torch.Tensor | None]:
+        """torch's per-parameter state under canonical names."""
+        tensors: dict[str, torch.Tensor | None] = {}
+        for name, p in self.params.items():
+            state = self.optimizer.state.get(p, {})
+            for slot, torch_name in self.names.items():
+                tensors[f"{name}.{slot}"] = state.get(torch_name)
+        return tensors
+
+    def load_slots(self, slots: Mapping[str, np.ndarray], step: int) -> None:
+        """Through torch's own ``load_state_dict``, which puts each tensor where the chosen
+        kernel wants it (a fused Adam keeps ``step`` on the parameters' device)."""
+        saved = self.optimizer.state_dict()
+        saved["state"] = {}
+        for index, name in enumerate(self.params):
+            entry = {
+                torch_name: torch.from_numpy(np.array(slots[f"{name}.{slot}"]))
+                for slot, torch_name in self.names.items()
+            }
+            if entry and self._counts_steps:  # one tensor each: torch increments it in place
+                entry["step"] = torch.tensor(float(step))
+            if entry:
+                saved["state"][index] = entry
+        self.optimizer.load_state_dict(saved)
+
+
+_Tensors = list[torch.Tensor]
+#: ``rule(spec, params, grads, slots, lr, step)``: one update in place (see ForeachOptimizer).
+_Rule = Callable[[Any, _Tensors, _Tensors, dict[str, _Tensors], float, int], None]
+
+
+class ForeachOptimizer:
+    """An update torch has no class for, written with ``torch._foreach`` ops in the
+    reference's form; the slots are kept here, one tensor per parameter.
+
+    Args:
+        spec: the optimizer description.
+        params: the parameters by canonical name.
+        rule: ``rule(spec, params, grads, slots, lr, step)`` updates the parameters that have
+            gradients and their slots in place, under ``torch.no_grad``.
+    """
+
+    def __init__(
+        self, spec: optim.AbstractOptimizer, params: Mapping[str, nn.Parameter], rule: _Rule
+    ) -> None:
+        self.spec, self.params, self.rule = spec, dict(params), rule
+        self.native: torch.optim.Optimizer | None = None
+        self._slots = {
+            slot: [torch.zeros_like(p, requires_grad=False) for p in self.params.values()]
+            for slot in spec.state_slots
+        }
+
+    def step(self, lr: float, step: int) -> None:
+        """Run the rule on the parameters that have gradients."""
+        params = list(self.params.values())
+        live = [i for i, p in enumerate(params) if p.grad is not None]
+        slots = {slot: [tensors[i] for i in live] for slot, tensors in self._slots.items()}
+        with torch.no_grad():
+            self.rule(
+                self.spec,
+                [params[i] for i in live],
+                [grad for i in live if (grad := params[i].grad) is not None],
+                slots,
+                lr,
+                step,
+            )
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (as ``torch.optim``'s ``zero_grad`` does by default)."""
+        for p in self.params.values():
+            p.grad = None
+
+    def slots(self) -> dict[str, torch.Tensor | None]:
+        """The slots under canonical names, parameter by parameter."""
+        return {
+            f"{name}.{slot}": tensors[index]
+            for index, name in enumerate(self.params)
+            for slot, tensors in self._slots.items()
+        }
+
+    def load_slots(self, slots: Mapping[str, np.ndarray], step: int) -> None:
+        """Copy ``slots`` in, on the parameters' device and in their dtype."""
+        self._slots = {
+            slot: [
+                torch.from_numpy(np.array(slots[f"{name}.{slot}"])).to(p.device, p.dtype)
+                for name, p in self.params.items()
+            ]
+            for slot in self.spec.state_slots
+        }
+
+
+def _adamw(
+    spec: optim.AdamW,
+    p: list[torch.Tensor],
+    g: list[torch.Tensor],
+    slots: dict[str, _Tensors],
+    lr: float,
+    step: int,
+) -> None:
+    # torch.optim.AdamW decays the weights in a separate multiply before the Adam step, which
+    # rounds differently from the reference's single p -= lr * (u + wd * p) and drifts close
+    # to 1e-6 over 100 float32 steps.
+    m, v = slots["exp_avg"], slots["exp_avg_sq"]
+    torch._foreach_lerp_(m, g, 1.0 - spec.beta1)
+    torch._foreach_mul_(v, spec.beta2)
+    torch._foreach_addcmul_(v, g, g, value=1.0 - spec.beta2)
+    bias_correction1 = 1.0 - spec.beta1**step
+    sqrt_bias_correction2 = math.sqrt(1.0 - spec.beta2**step)
+    denom = torch._foreach_sqrt(v)
+    torch._foreach_div_(denom, sqrt_bias_correction2)
+    torch._foreach_add_(denom, spec.eps)
+    direction = torch._foreach_div(m, bias_correction1)
+    torch._foreach_div_(direction, denom)
+    torch._foreach_add_(direction, p, alpha=spec.weight_decay)
+    torch._foreach_add_(p, direction, alpha=-lr)
+
+
+def _lion(
+    spec: optim.Lion,
+    p: _Tensors,
+    g: _Tensors,
+    slots: dict[str, _Tensors],
+    lr: float,
+    step: int,
+) -> None:
+    # torch has no Lion: the sign of the beta1 interpolation, the decoupled decay in the same
+    # expression, then the momentum's own beta2 update.
+    m = slots["exp_avg"]
+    direction = torch._foreach_mul(m, spec.beta1)
+    torch._foreach_add_(direction, torch._foreach_mul(g, 1.0 - spec.beta1))
+    torch._foreach_sign_(direction)
+    if spec.weight_decay:
+        torch._foreach_add_(direction, p, alpha=spec.weight_decay)
+    torch._foreach_add_(p, direction, alpha=-lr)
+    torch._foreach_lerp_(m, g, 1.0 - spec.beta2)
+
+
+_Factory = Callable[[Any, Mapping[str, nn.Parameter]], TorchOptimizer]
+
+#: Optimizer type -> its implementation on torch. A type missing here is refused.
+OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
+    optim.SGD: lambda spec, params: NativeOptimizer(
+        spec,
+        params,
+        torch.optim.SGD,
+        {"momentum": spec.momentum, "nesterov": spec.nesterov, "weight_decay": spec.weight_decay},
+        {"momentum": "momentum_buffer"},
+        counts_steps=False,
+    ),
+    optim.Adam: lambda spec, params: NativeOptimizer(
+        spec,
+        params,
+        torch.optim.Adam,
+        {"betas": (spec.beta1, spec.beta2), "eps": spec.eps, "weight_decay": spec.weight_decay},
+        {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
+        counts_steps=True,
+    ),
+    optim.AdamW: lambda spec, params: ForeachOptimizer(spec, params, _adamw),
+    optim.RMSprop: lambda spec, params: NativeOptimizer(
+        spec,
+        params,
+        torch.optim.RMSprop,
+        {
+            "alpha": spec.alpha,
+            "eps": spec.eps,
+            "centered": spec.centered,
+            "momentum": spec.momentum,
+            "weight_decay": spec.weight_decay,
+        },
+        {"square_avg": "square_avg", "momentum": "momentum_buffer", "grad_avg": "grad_avg"},
+        counts_steps=True,
+    ),
+    optim.Lion: lambda spec, params: ForeachOptimizer(spec, params, _lion),
+}
+
+
+def optimizer_for(
+    spec: optim.AbstractOptimizer, params: Mapping[str, nn.Parameter]
+) -> TorchOptimizer:
+    """The implementation of ``spec`` from :data:`OPTIMIZERS`, over ``params``.
+
+    Raises:
+        ConfigError: torch's table has no entry for the optimizer's type.
+    """
+    return optim.implementation(OPTIMIZERS, spec, "torch")(spec, params)

@@ -1,0 +1,55 @@
+"""Evaluation passes: example-weighted mean metrics of a data source, in eval mode.
+
+The Trainer's validation, ``test`` and the loop's per-epoch validation all come here. With
+several workers and only the loss, each worker evaluates its slices and the sums are added
+up over workers; with metrics beyond the loss every worker evaluates every example (metric
+states are not reduced across workers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unitrain._errors import DataError
+from unitrain.backends.protocol import DeviceOutputs
+from unitrain.backends.strategy import Strategy, evaluate_over_workers
+from unitrain.data import BatchSource
+from unitrain.metrics import Metric, MetricTotals
+
+__all__ = ["evaluate"]
+
+
+def evaluate(
+    backend: Any, strategy: Strategy, metrics: list[Metric], source: BatchSource, label: str
+) -> dict[str, float]:
+    """The mean of the backend's ``evaluate`` metrics and of ``metrics`` over ``source``.
+
+    Args:
+        backend: the backend, in eval mode for the call (``evaluate`` leaves model state be).
+        strategy: the workers the run is spread over.
+        metrics: metrics beyond the loss; they need a backend with ``predict`` (checked
+            when the Trainer is built).
+        source: the data, read from its first epoch's order.
+        label: what messages call the data (``"val_data"``).
+
+    Raises:
+        DataError: ``source`` yielded no example.
+    """
+    if strategy.world_size > 1 and not metrics:
+        return evaluate_over_workers(backend, strategy, source.batches(0), label)
+    sums: dict[str, Any] = {}
+    count = 0
+    totals = MetricTotals(metrics)
+    for batch in source.batches(0):
+        n = len(batch[0])
+        for key, value in backend.evaluate(batch).items():
+            sums[key] = sums.get(key, 0.0) + value * n
+        count += n
+        if metrics and isinstance(backend, DeviceOutputs):
+            outputs, targets = backend.outputs(batch)  # stay on the device
+            totals.add(outputs, targets, batch[1], backend.array_ops)
+        elif metrics:
+            totals.add(backend.predict(batch[0]), batch[1], batch[1])
+    if count == 0:
+        raise DataError(f"{label} yielded no batches; pass at least one example")
+    return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}

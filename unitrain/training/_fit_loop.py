@@ -1,0 +1,291 @@
+"""The Trainer's fit loop: epochs of updates, the running loss, logging points and hooks.
+
+:class:`FitLoop` is the part of :class:`unitrain.Trainer` that runs once ``fit`` has checked
+its inputs: it walks an epoch's batches in the unit the configuration asks for (one batch,
+an accumulation group, or several updates in one compiled call), gives each update its
+learning rate, keeps the per-update losses on the device until a logging point, and calls
+the callbacks. It is a base class of the Trainer, kept in its own module so that
+``trainer.py`` reads as set-up and the public API; the counters it keeps (running loss,
+skipped updates, the last LR applied) are set only here.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from unitrain._errors import NonFiniteError
+from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
+from unitrain.backends.strategy import Strategy, training_shards
+from unitrain.callbacks._base import CallbackList
+from unitrain.config import TrainerConfig
+from unitrain.data import ArrayLoader, BatchSource
+from unitrain.metrics import Metric
+from unitrain.training._evaluation import evaluate
+from unitrain.training._run_state import TrainState
+from unitrain.training._running import RunningLoss
+
+__all__ = ["FitLoop"]
+
+Batch = tuple[Any, Any]
+
+
+class FitLoop:
+    """The training loop of :class:`unitrain.Trainer` (a base class; not used alone)."""
+
+    # Set by the Trainer before ``_init_loop``; read-only here.
+    backend: Any
+    config: TrainerConfig
+    strategy: Strategy
+    callbacks: CallbackList
+    metrics: list[Metric]
+    state: TrainState
+    history: list[dict[str, Any]]
+
+    if TYPE_CHECKING:  # defined by the Trainer
+
+        def lr_at(self, step: int) -> float: ...
+
+        def stop(self, reason: str) -> None: ...
+
+        def _attend(self) -> None: ...
+
+    def _init_loop(self) -> None:
+        """Pick the update path the backend and configuration allow; start the counters."""
+        config = self.config
+        self._parallel = self.strategy.world_size > 1
+        # Workers weight their slice's loss before the engine reduces gradients, which needs
+        # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
+        self._fused = isinstance(self.backend, FusedStep) and (
+            config.grad_accum_steps == 1 and not self._parallel
+        )
+        self._multi_step = (
+            isinstance(self.backend, MultiStep) and config.steps_per_call > 1 and not self._parallel
+        )
+        if config.steps_per_call > 1 and not self._multi_step:
+            warnings.warn(
+                f"steps_per_call={config.steps_per_call}, but the {self.backend.name} backend "
+                "has no multi-step call; running one update per call",
+                stacklevel=3,  # the user's Trainer(...) line
+            )
+        self._device_source: BatchSource | None = None  # the source copied to the device
+        to_host = self.backend.to_host if isinstance(self.backend, ToHost) else None
+        self._running = RunningLoss(to_host)
+        self._start_counters(0.0, 0, 0)
+        #: Set from outside the loop (a signal handler, the checkpoint writer's thread) when
+        #: something needs the Trainer's attention; tested once per update.
+        self._attention = False
+
+    def _start_counters(self, loss_sum: float, loss_count: int, skipped: int) -> None:
+        """Continue from a running loss and a count of skipped updates (zero, or a resume's)."""
+        self._running.reset(loss_sum, loss_count)
+        self._skipped_before = skipped  # skipped updates counted by backends of earlier sessions
+        self._skipped_reported = skipped
+        self._last_lr = self.lr_at(self.state.step)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
+        return self._skipped_before + self.backend.skipped_steps
+
+    def running_totals(self) -> tuple[float, int]:
+        """The epoch's summed training loss and example count so far, over all workers."""
+        total, count = self.strategy.all_sum([self._running.total(), self._running.count])
+        return total, round(count)
+
+    def _run_epoch(self, source: BatchSource, val_source: BatchSource | None) -> None:
+        epoch, started = self.state.epoch, time.perf_counter()
+        if self.state.batch == 0:
+            self._reset_running()
+        self.callbacks.call("on_epoch_begin", self, epoch)
+        one_batch_updates = self.config.grad_accum_steps == 1 and not self._multi_step
+        one_batch_updates = one_batch_updates and not self._parallel
+        if one_batch_updates and self._device_source is not source:
+            batches = source.batches(epoch, self.state.batch)
+            if isinstance(self.backend, Prefetch):
+                batches = self.backend.prefetch(batches)
+            self._train_batches(batches)
+        else:
+            for kind, payload, steps, batch_size in self._units(source, epoch):
+                if kind == "group":
+                    self._train_group(payload)
+                else:
+                    self._train_steps(kind, payload, steps, batch_size)
+                if self.state.stop_training:
+                    break
+        logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
+        logs.update(self._read_running())
+        last = epoch + 1 == self.config.epochs or self.state.stop_training
+        if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
+            logs.update(self._validate(val_source))  # checked once, when fit began
+        logs["seconds"] = time.perf_counter() - started
+        self.history.append(logs)
+        self.state.epoch, self.state.batch = epoch + 1, 0
+        self._reset_running()
+        self.callbacks.call("on_epoch_end", self, epoch, logs)
+        self._attend()  # a signal during validation or the hooks; a lost run lock
+
+    def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
+        """The epoch's work from the current position: ``(kind, payload, updates, batch)``.
+
+        ``group`` units are one update from ``grad_accum_steps`` micro-batches; ``stacked``
+        and ``indexed`` units are ``steps_per_call`` updates in one compiled call, on host
+        batches stacked together or on indices into the data kept on the device. Batches
+        that do not fill a whole call (the end of an epoch) go one update at a time.
+        """
+        start, k = self.state.batch, self.config.steps_per_call
+        if self._device_source is source:
+            assert isinstance(source, ArrayLoader)
+            order, size = source.order(epoch), source.batch_size
+            full = len(order) // size
+            while start + k <= full:
+                yield "indexed", order[start * size : (start + k) * size].reshape(k, size), k, size
+                start += k
+        batches = source.batches(epoch, start)
+        if k > 1 and self._multi_step:
+            while chunk := list(islice(batches, k)):
+                sizes = {len(batch[0]) for batch in chunk}
+                if len(chunk) < k or len(sizes) > 1:
+                    yield from (("group", [batch], 1, len(batch[0])) for batch in chunk)
+                    continue
+                stacked = (np.stack([b[0] for b in chunk]), np.stack([b[1] for b in chunk]))
+                yield "stacked", stacked, k, sizes.pop()
+            return
+        while group := list(islice(batches, self.config.grad_accum_steps)):
+            yield "group", group, 1, 0
+
+    def _train_batches(self, batches: Iterator[Batch]) -> None:
+        """One update per batch: the default path, kept free of per-step overhead.
+
+        Equal to :meth:`_train_group` on one-batch groups. What cannot change within the
+        epoch is looked up once; per update the loop computes the LR, runs the backend's
+        fused step (or forward, backward and step), records the loss (no host sync) and
+        counts. Hooks are called only when some callback defines them.
+        """
+        callbacks, running, lr_at = self.callbacks, self._running, self.lr_at
+        update = self.backend.train_step if self._fused else self._update
+        begin = callbacks.hooks["on_batch_begin"]
+        for batch in batches:
+            lr = lr_at(self.state.step)
+            if begin:
+                callbacks.call("on_batch_begin", self, self.state.batch)
+            running.add(update(batch, lr), len(batch[0]))
+            self._after_update(1, 1, lr)
+            if self.state.stop_training:
+                break
+
+    def _update(self, batch: Batch, lr: float) -> Any:
+        """``forward; backward; step``: one update from one batch, for unfused backends."""
+        loss = self.backend.forward(batch)
+        self.backend.backward()
+        self.backend.step(lr)
+        return loss
+
+    def _train_steps(self, kind: str, payload: Any, steps: int, batch_size: int) -> None:
+        """``steps`` updates in one compiled call of the backend."""
+        state = self.state
+        lrs = np.array([self.lr_at(state.step + i) for i in range(steps)])
+        self.callbacks.call("on_batch_begin", self, state.batch)
+        run = self.backend.train_steps_on_device if kind == "indexed" else self.backend.train_steps
+        self._running.add(run(payload, lrs), batch_size, steps)
+        self._after_update(steps, steps, float(lrs[-1]))
+
+    def _train_group(self, group: list[Batch]) -> None:
+        """One optimizer update from ``group``'s micro-batches, weighted by their sizes."""
+        backend, state = self.backend, self.state
+        lr = self.lr_at(state.step)
+        self.callbacks.call("on_batch_begin", self, state.batch)
+        if self._fused:
+            self._running.add(backend.train_step(group[0], lr), len(group[0][0]))
+        else:
+            sizes = [len(batch[0]) for batch in group]
+            total = sum(sizes)
+            for batch, n in zip(group, sizes):
+                for shard, weight in training_shards(self.strategy, batch):
+                    self._running.add(backend.forward(shard), len(shard[0]))
+                    backend.backward(weight * n / total)
+            backend.step(lr)
+        self._after_update(1, len(group), lr)
+
+    def _after_update(self, steps: int, batches: int, lr: float) -> None:
+        """Count ``steps`` updates over ``batches`` batches; log and call ``on_batch_end``.
+
+        Between logging points, with no ``on_batch_end`` hook, only the counting is done (and
+        one test of the attention flag, which a preemption signal or a failed background
+        save sets: the Trainer then checkpoints and stops, or recovers the save).
+        """
+        state = self.state
+        state.step += steps
+        state.batch += batches
+        self._last_lr = lr
+        every, hooked = self.config.log_every_n_steps, self.callbacks.hooks["on_batch_end"]
+        logging = state.step // every > (state.step - steps) // every
+        if logging or hooked:
+            logs: dict[str, Any] = {"step": state.step, "lr": lr}
+            if logging:
+                logs.update(self._read_running())
+            if hooked:
+                self.callbacks.call("on_batch_end", self, state.batch, logs)
+        # Workers agree at logging points, which they all reach at the same step; a single
+        # process acts on the flag after the very update.
+        if (logging and self._parallel) or (self._attention and not self._parallel):
+            self._attend()
+
+    def _reset_running(self) -> None:
+        self._running.reset()
+        self._last_lr = self.lr_at(self.state.step)
+
+    def _read_running(self) -> dict[str, Any]:
+        """Read the running metrics back to the host (the only sync point) and check them."""
+        skipped = self.skipped_steps
+        if skipped > self._skipped_reported:
+            self._on_nonfinite(skipped - self._skipped_reported)
+            self._skipped_reported = skipped
+        total, count = self.running_totals()
+        return {"loss": total / count if count else float("nan"), "skipped_steps": skipped}
+
+    def _on_nonfinite(self, new: int) -> None:
+        where = f"{new} update(s) up to step {self.state.step}"
+        policy = self.config.nonfinite
+        if policy == "raise":
+            raise NonFiniteError(
+                f"non-finite loss or gradient in {where}; those updates were skipped, so the "
+                "weights hold no NaN. Lower the learning rate, clip gradients "
+                "(grad_clip_norm), check the data, or set nonfinite='skip_batch' to go on."
+            )
+        if policy == "stop":
+            warnings.warn(f"stopping: non-finite loss or gradient in {where}", stacklevel=3)
+            self.stop(f"non-finite loss or gradient in {where} (nonfinite='stop')")
+
+    def _place_on_device(self, source: BatchSource) -> None:
+        """Copy the training arrays to the device once, when configured and possible."""
+        if not self.config.data_on_device or self._device_source is source:
+            return
+        if self._parallel:
+            warnings.warn(
+                "data_on_device=True is a single-worker path; with several workers each one "
+                "takes its slice of every batch from the host",
+                stacklevel=3,
+            )
+        elif not isinstance(self.backend, DeviceData):
+            warnings.warn(
+                f"data_on_device=True, but the {self.backend.name} backend cannot keep data on "
+                "the device; batches are sent from the host",
+                stacklevel=3,
+            )
+        elif isinstance(source, ArrayLoader):
+            self.backend.set_device_data(source.inputs, source.targets)
+            self._device_source = source
+
+    def _validate(self, source: BatchSource) -> dict[str, float]:
+        """One validation pass with its hooks; metrics are prefixed ``val_``."""
+        self.callbacks.call("on_validation_begin", self)
+        results = evaluate(self.backend, self.strategy, self.metrics, source, "val_data")
+        metrics = {f"val_{k}": v for k, v in results.items()}
+        self.callbacks.call("on_validation_end", self, metrics)
+        return metrics

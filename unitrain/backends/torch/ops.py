@@ -9,15 +9,13 @@ the parity cases avoid are pinned by ``tests/test_ops_torch.py``):
 - ``maximum``/``minimum`` split the gradient evenly at a tie, ``amax``/``amin`` among tied
   maxima, ``abs`` and ``relu`` give 0 at 0 and ``clamp`` passes the gradient where
   ``low <= x <= high``: torch's own derivatives already are the contract's.
-- ``max_pool`` sends the gradient to the first maximum of a window, as torch's kernels do.
 - ``power``'s gradient with respect to the exponent is NaN in torch for a negative base;
   here it is zero wherever the base is not positive.
 - ``softplus``: torch switches to the identity above ``threshold=20``, which is exact to
   float32 but off by 2e-9 in float64; float64 switches at 37, where ``log1p(exp(-x))``
   drops below float64's resolution.
 - ``moments`` is written as two passes rather than ``torch.var_mean``, for its float32
-  gradient; ``scaled_dot_product_attention`` mends rows that keep nothing around torch's
-  fused kernel, whose answer for them depends on the kernel chosen.
+  gradient.
 - ``matmul``/``einsum``/``conv`` in float32 use TF32 on CUDA only if the backend's precision
   options allowed it (``torch.set_float32_matmul_precision``, cuDNN's ``allow_tf32``, set
   in ``precision.py``); the ops never touch those flags.
@@ -28,12 +26,13 @@ device set with :func:`set_default_device`; with none set they follow torch's ow
 not torch's default-device context, because that context intercepts every torch call made
 while it is active (a ``TorchFunctionMode``), a cost on each op of a training step. Arrays
 made from an array (``zeros_like``, results of ops) stay on its device.
+
+The network ops (convolutions, pooling, attention; what they do where torch differs) are in
+``_ops_nn.py`` and imported here, so that this module holds the whole contract.
 """
 
 from __future__ import annotations
 
-import builtins  # the contract's max, min, abs and sum shadow the builtins
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,12 +40,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from unitrain.backends.torch._ops_nn import (  # noqa: F401  (re-exported)
+    avg_pool,
+    conv,
+    conv_transpose,
+    max_pool,
+    scaled_dot_product_attention,
+)
 from unitrain.backends.torch.core import to_numpy
 
 # A torch.Tensor, or a Python number where the contract takes one (as in unitrain.ops).
 Array = Any
 Axis = int | tuple[int, ...] | None
-Pairish = int | Sequence[int]
 
 __all__ = ["set_default_device", "to_numpy", "vjp"]
 
@@ -471,143 +476,7 @@ def log_softmax(x: Array, axis: int = -1) -> Array:
     return torch.log_softmax(x, axis)
 
 
-# Channels-last arrays are moved to torch's channels-first order with ``movedim``, a view: for
-# a contiguous NHWC input it is an NCHW tensor in torch's channels_last memory format, which
-# cuDNN takes as it is. Kernels ``(*window, A, B)`` become ``(B, A, *window)``, torch's layout
-# for both conv (A = C_in / groups, B = C_out) and conv_transpose (A = C_out, B = C_in).
-_CONV: dict[int, Callable[..., Array]] = {1: F.conv1d, 2: F.conv2d}
-_CONV_TRANSPOSE: dict[int, Callable[..., Array]] = {
-    1: F.conv_transpose1d,
-    2: F.conv_transpose2d,
-}
-_MAX_POOL: dict[int, Callable[..., Array]] = {1: F.max_pool1d, 2: F.max_pool2d}
-_AVG_POOL: dict[int, Callable[..., Array]] = {1: F.avg_pool1d, 2: F.avg_pool2d}
-
-
-def _spatial_function(table: dict[int, Callable[..., Array]], x: Array, op: str) -> Callable:
-    function = table.get(x.ndim - 2)
-    if function is None:
-        raise ValueError(f"{op} takes 1 or 2 spatial axes, (N, *spatial, C); got shape {x.shape}")
-    return function
-
-
-def _per_axis(value: Pairish, count: int) -> tuple[int, ...]:
-    return (value,) * count if isinstance(value, int) else tuple(value)
-
-
-def _torch_kernel(kernel: Array) -> Array:
-    spatial = kernel.ndim - 2
-    return kernel.permute(spatial + 1, spatial, *range(spatial))
-
-
-def _pad_spatial(x: Array, before: Sequence[int], after: Sequence[int], value: float) -> Array:
-    """``x`` (channels first) padded on its spatial axes, for padding torch's layers refuse."""
-    widths = [w for pair in zip(reversed(before), reversed(after)) for w in pair]
-    return F.pad(x, widths, value=value)
-
-
-def conv(
-    x: Array,
-    kernel: Array,
-    stride: Pairish = 1,
-    padding: str | Pairish = 0,
-    dilation: Pairish = 1,
-    groups: int = 1,
-) -> Array:
-    """torch's conv; ``"same"`` pads as TensorFlow does (extra one after) with ``F.pad`` when
-    the two sides differ, through the conv's own padding when they do not."""
-    function = _spatial_function(_CONV, x, "conv")
-    inputs = x.movedim(-1, 1)
-    if padding == "same":
-        spatial = x.ndim - 2
-        strides, dilations = _per_axis(stride, spatial), _per_axis(dilation, spatial)
-        totals = [
-            builtins.max((math.ceil(n / s) - 1) * s + (k - 1) * d + 1 - n, 0)
-            for n, k, s, d in zip(x.shape[1:-1], kernel.shape[:spatial], strides, dilations)
-        ]
-        before = [total // 2 for total in totals]
-        after = [total - first for total, first in zip(totals, before)]
-        if before == after:
-            padding = tuple(before)
-        else:
-            inputs, padding = _pad_spatial(inputs, before, after, 0.0), 0
-    elif padding == "valid":
-        padding = 0
-    out = function(inputs, _torch_kernel(kernel), None, stride, padding, dilation, groups)
-    return out.movedim(1, -1)
-
-
-def conv_transpose(
-    x: Array,
-    kernel: Array,
-    stride: Pairish = 1,
-    padding: Pairish = 0,
-    output_padding: Pairish = 0,
-    dilation: Pairish = 1,
-) -> Array:
-    function = _spatial_function(_CONV_TRANSPOSE, x, "conv_transpose")
-    weight = _torch_kernel(kernel)
-    out = function(x.movedim(-1, 1), weight, None, stride, padding, output_padding, 1, dilation)
-    return out.movedim(1, -1)
-
-
-def max_pool(
-    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
-) -> Array:
-    """torch's max pooling (its padding is -inf); padding wider than half the window, which
-    torch refuses, is added as -inf with ``F.pad`` instead."""
-    function = _spatial_function(_MAX_POOL, x, "max_pool")
-    inputs = x.movedim(-1, 1)
-    windows, pads = _per_axis(window, x.ndim - 2), _per_axis(padding, x.ndim - 2)
-    if any(2 * p > w for p, w in zip(pads, windows)):
-        inputs, pads = _pad_spatial(inputs, pads, pads, -math.inf), (0,) * len(pads)
-    return function(inputs, windows, stride, pads).movedim(1, -1)
-
-
-def avg_pool(
-    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
-) -> Array:
-    """torch's average pooling with ``count_include_pad=False``; for padding wider than half
-    the window (which torch refuses) the zero-padded sums are divided by pooled counts."""
-    function = _spatial_function(_AVG_POOL, x, "avg_pool")
-    inputs = x.movedim(-1, 1)
-    windows, pads = _per_axis(window, x.ndim - 2), _per_axis(padding, x.ndim - 2)
-    if all(2 * p <= w for p, w in zip(pads, windows)):
-        out = function(inputs, windows, stride, pads, count_include_pad=False)
-        return out.movedim(1, -1)
-    ones = torch.ones((1, 1, *inputs.shape[2:]), dtype=x.dtype, device=x.device)
-    sums = function(_pad_spatial(inputs, pads, pads, 0.0), windows, stride)
-    counts = function(_pad_spatial(ones, pads, pads, 0.0), windows, stride)
-    return (sums / counts).movedim(1, -1)
-
-
-def scaled_dot_product_attention(
-    query: Array,
-    key: Array,
-    value: Array,
-    mask: Array | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """torch's fused attention (a flash or memory-efficient kernel where one applies).
-
-    With a mask, a row that keeps nothing is given every position instead (so no kernel
-    takes a softmax over nothing, which some give as NaN, and whose NaN would reach the
-    gradients of keys and values), and its output is replaced by zeros: a zero gradient for
-    that row. torch refuses a mask together with ``is_causal``, so a causal mask is added to
-    the given one.
-    """
-    if mask is None:
-        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale)
-    if causal:
-        length, source = query.shape[-2], key.shape[-2]
-        lower = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
-        mask = torch.logical_and(mask, lower)
-    kept = mask.any(-1, keepdim=True)
-    attended = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=torch.logical_or(mask, ~kept), scale=scale
-    )
-    return torch.where(kept, attended, 0.0)
+# conv, conv_transpose, max_pool, avg_pool and scaled_dot_product_attention: _ops_nn.py.
 
 
 def stop_gradient(x: Array) -> Array:

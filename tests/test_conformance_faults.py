@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 from typing import Any, ClassVar
 
 import _faulty_backends as f
@@ -260,7 +261,39 @@ class AttentionMomentumQueryKeySwapped(_SavesArraysInAnotherLayout):
 
 
 #: fault -> (faulty backend, the check that catches it)
+def _torch_ops_with(**overrides: Any) -> types.ModuleType:
+    """The torch ops module with some functions replaced: one faulty op in a correct set."""
+    module = types.ModuleType("faulty_torch_ops")
+    module.__dict__.update(vars(TorchBackend.ops))
+    module.__dict__.update(overrides)
+    return module
+
+
+class MaximumTiesToOneSide(TorchBackend):
+    """``maximum`` whose gradient at a tie goes all to the first operand (TensorFlow's own)."""
+
+    ops = _torch_ops_with(maximum=lambda x, y: torch.where(x >= y, x, y))
+
+
+class LogsumexpNotShifted(TorchBackend):
+    """``logsumexp`` as written in a paper, without subtracting the maximum first."""
+
+    ops = _torch_ops_with(
+        logsumexp=lambda x, axis=-1, keepdims=False: torch.log(
+            torch.sum(torch.exp(x), dim=axis, keepdim=keepdims)
+        )
+    )
+
+
 FAULTS = {
+    "maximum's tie gradient all to one side": (
+        MaximumTiesToOneSide,
+        "ops::maximum.ties[cpu-float32]",
+    ),
+    "logsumexp not shifted by the maximum": (
+        LogsumexpNotShifted,
+        "ops::logsumexp.large[cpu-float32]",
+    ),
     # schedules
     "LR applied one step late": (LrOneStepLate, "schedules::cosine_decay[cpu-float32]"),
     "float32 in-graph schedule": (Float32InGraphSchedule, "schedules::cosine_decay[cpu-float32]"),

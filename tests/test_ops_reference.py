@@ -90,7 +90,9 @@ CONVENTIONS = {
 }
 
 
-@pytest.mark.parametrize("case", OP_CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize(
+    "case", [c for c in OP_CASES if not c.on_kinks], ids=lambda case: case.name
+)
 def test_gradients_match_finite_differences(case):
     outputs, grads = run_case(reference, case, "float64")
     arrays = make_inputs(case)
@@ -108,10 +110,6 @@ def test_gradients_match_finite_differences(case):
         assert error < FD_BAR, f"gradient of input {position} off by {error:.2e}"
 
 
-#: Cases that mix in an array made as float64 (numpy promotes float32 with it to float64).
-MADE_FLOAT64 = {"zeros", "ones", "full", "one_hot"}
-
-
 @pytest.mark.parametrize("case", OP_CASES, ids=lambda case: case.name)
 def test_float32_inputs_compute_in_float32(case):
     arrays = [
@@ -120,8 +118,7 @@ def test_float32_inputs_compute_in_float32(case):
     outputs, pullback = reference.vjp(
         lambda *xs: case.call(reference, *xs), arrays, case.grad_positions()
     )
-    want = "float64" if case.name in MADE_FLOAT64 else "float32"
-    assert {o.dtype.name for o in outputs} == {want}
+    assert {o.dtype.name for o in outputs} == {"float32"}
     grads = pullback([np.ones(o.shape, o.dtype) for o in outputs])
     assert {g.dtype.name for g in grads} <= {"float32"}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "FusedStep",
     "MultiStep",
     "Predict",
+    "PortableOps",
     "Prefetch",
     "ToHost",
     "as_pair",
@@ -283,6 +285,19 @@ class AvailableDevices(Protocol):
     def available_devices() -> tuple[str, ...]:
         """The device kinds (``"cpu"``, ``"gpu"``) this machine offers the backend now."""
         ...
+
+
+@runtime_checkable
+class PortableOps(Protocol):
+    """Optional, on the backend class: ``ops``, its module of the :mod:`unitrain.ops` contract.
+
+    The module defines every function of ``unitrain.ops.CONTRACT`` with the same parameters,
+    plus ``to_numpy(x)`` and ``vjp(fn, arrays, wrt)`` for the kit (see
+    :func:`unitrain.conformance._op_cases.run_case`); ``unitrain.ops.using(name)`` finds it
+    here, and the kit's ``ops`` family holds it to the float64 reference.
+    """
+
+    ops: ModuleType
 
 
 @runtime_checkable

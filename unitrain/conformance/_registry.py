@@ -29,6 +29,7 @@ __all__ = [
 
 #: The families, in report order.
 FAMILIES = (
+    "ops",
     "schedules",
     "optimizers",
     "checkpoints",

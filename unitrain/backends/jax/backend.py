@@ -42,6 +42,7 @@ import optax
 
 from unitrain import ConfigError
 from unitrain.backends.jax import losslog
+from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
     SKIPPED,
     DeviceState,
@@ -96,6 +97,8 @@ class JaxBackend:
     """
 
     name = "jax"
+    #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
+    ops = jax_ops
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32",),

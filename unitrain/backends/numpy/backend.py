@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import ConfigError, optim
+from unitrain.backends.numpy import ops as numpy_ops
 from unitrain.backends.numpy.layers import Run
 from unitrain.backends.numpy.model import build
 from unitrain.backends.numpy.precision import rounding
@@ -46,6 +47,8 @@ class NumpyBackend:
     """Reference implementation of the :class:`unitrain.backends.protocol.Backend` protocol."""
 
     name = "numpy"
+    #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
+    ops = numpy_ops
     capabilities = Capabilities(
         devices=("cpu",),
         dtypes=("float32", "float64"),

@@ -45,6 +45,7 @@ from unitrain.backends.precision import require_precision
 from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.strategy import dropout_index
 from unitrain.backends.tensorflow import model as tf_model
+from unitrain.backends.tensorflow import ops as tensorflow_ops
 from unitrain.backends.tensorflow import optimizers
 from unitrain.backends.tensorflow.compiled import CompiledGraphs
 from unitrain.backends.tensorflow.core import (
@@ -90,6 +91,8 @@ class TensorFlowBackend(CompiledGraphs):
     """
 
     name = "tensorflow"
+    #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
+    ops = tensorflow_ops
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=tuple(_DTYPES),

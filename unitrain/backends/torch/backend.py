@@ -21,6 +21,7 @@ from unitrain import ConfigError, optim
 from unitrain.backends.precision import require_precision
 from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.backends.strategy import dropout_index
+from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.core import (
     DTYPES,
     ArrayOps,
@@ -52,6 +53,8 @@ class TorchBackend(UpdateLoops):
     fused, multi-step and data-on-device calls of :class:`.loops.UpdateLoops`."""
 
     name = "torch"
+    #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
+    ops = torch_ops
     capabilities = Capabilities(
         devices=("cpu", "gpu"),
         dtypes=("float32", "float64", "bfloat16"),

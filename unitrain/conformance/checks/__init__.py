@@ -17,6 +17,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     layers,
     mixed_precision,
     model_state,
+    ops,
     optimizers,
     resume,
     schedules,

@@ -1,0 +1,516 @@
+"""``unitrain.ops``: the contract portable computations are written in, once for every backend.
+
+A layer's forward, a loss or an update rule written with these functions (and the array operators
+``+ - * / ** @``, unary ``-`` and basic indexing with ints, slices, ``None`` and ``...``; both
+operands of an operator in one dtype, and ``@`` on matrices or batches of them: TensorFlow's
+operators neither promote dtypes nor take a vector, :func:`matmul` does) runs natively on every
+backend: each backend implements the contract once, in its own ``ops`` module
+(``unitrain/backends/<name>/ops.py``), and the calls here go to the module of the backend running
+the code (:func:`using`). Gradients come from each framework's autodiff; the numpy reference
+computes them in float64 with derivatives of its own, which is what makes it an independent oracle
+for any layer.
+
+Names follow the Python array API standard where it has the operation; what it lacks and
+networks need (convolution, pooling, softmax, attention, ``stop_gradient``, accurate moments)
+is added with the semantics written down here, where frameworks disagree. Conventions:
+
+- dtypes are strings: ``"float16"``, ``"bfloat16"``, ``"float32"``, ``"float64"``,
+  ``"int32"``, ``"int64"``, ``"bool"``;
+- ``axis`` is an int or a tuple of ints, negative counting from the end; ``None`` means all;
+- images are channels-last, ``(N, *spatial, C)``; kernels ``(*window, C_in / groups, C_out)``
+  (``(*window, C_out, C_in)`` is torch's layout; the adapters convert);
+- the binary elementwise functions and comparisons take a Python number for either operand;
+- comparisons, ``argmax`` and casts to integer dtypes carry no gradient.
+
+Every name in :data:`CONTRACT` is a function here and in each backend's ops module, with the
+same parameters; ``tests/test_ops_contract.py`` checks it.
+
+Examples:
+    >>> import numpy as np
+    >>> from unitrain import ops
+    >>> with ops.using("numpy"):
+    ...     print(ops.softmax(np.array([0.0, 0.0])))
+    [0.5 0.5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from unitrain.ops._dispatch import active, using
+
+Array = Any
+Axis = int | tuple[int, ...] | None
+Pairish = int | Sequence[int]
+
+# -- about arrays ------------------------------------------------------------------------------
+
+
+def shape(x: Array) -> tuple[int, ...]:
+    """``x``'s shape as a tuple of Python ints."""
+    return active().shape(x)
+
+
+def dtype(x: Array) -> str:
+    """``x``'s dtype as a string (``"float32"``, ...)."""
+    return active().dtype(x)
+
+
+# -- making arrays -----------------------------------------------------------------------------
+
+
+def asarray(x: Any, dtype: str | None = None) -> Array:
+    """An array of the running backend from ``x`` (an array, a numpy array, nested lists or a
+    number); ``dtype`` None keeps a floating array's dtype and makes Python floats float32."""
+    return active().asarray(x, dtype)
+
+
+def zeros(shape: Sequence[int], dtype: str = "float32") -> Array:
+    """An array of zeros."""
+    return active().zeros(shape, dtype)
+
+
+def ones(shape: Sequence[int], dtype: str = "float32") -> Array:
+    """An array of ones."""
+    return active().ones(shape, dtype)
+
+
+def full(shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
+    """An array filled with ``value``."""
+    return active().full(shape, value, dtype)
+
+
+def zeros_like(x: Array) -> Array:
+    """Zeros of ``x``'s shape and dtype."""
+    return active().zeros_like(x)
+
+
+def ones_like(x: Array) -> Array:
+    """Ones of ``x``'s shape and dtype."""
+    return active().ones_like(x)
+
+
+def arange(n: int, dtype: str = "int64") -> Array:
+    """``0, 1, ..., n - 1``."""
+    return active().arange(n, dtype)
+
+
+def cast(x: Array, dtype: str) -> Array:
+    """``x`` in ``dtype``; the gradient flows back through float-to-float casts only."""
+    return active().cast(x, dtype)
+
+
+# -- elementwise -------------------------------------------------------------------------------
+
+
+def add(x: Array, y: Array) -> Array:
+    """``x + y`` with broadcasting."""
+    return active().add(x, y)
+
+
+def subtract(x: Array, y: Array) -> Array:
+    """``x - y`` with broadcasting."""
+    return active().subtract(x, y)
+
+
+def multiply(x: Array, y: Array) -> Array:
+    """``x * y`` with broadcasting."""
+    return active().multiply(x, y)
+
+
+def divide(x: Array, y: Array) -> Array:
+    """``x / y`` with broadcasting (true division)."""
+    return active().divide(x, y)
+
+
+def power(x: Array, y: Array) -> Array:
+    """``x ** y``; the gradient with respect to ``y`` uses ``log(x)`` and is taken only where
+    ``x > 0`` (zero elsewhere), as torch and JAX do for a positive base."""
+    return active().power(x, y)
+
+
+def maximum(x: Array, y: Array) -> Array:
+    """Elementwise maximum; at a tie the gradient is split evenly (as JAX and TensorFlow do;
+    torch's ``maximum`` does the same)."""
+    return active().maximum(x, y)
+
+
+def minimum(x: Array, y: Array) -> Array:
+    """Elementwise minimum; at a tie the gradient is split evenly."""
+    return active().minimum(x, y)
+
+
+def where(condition: Array, x: Array, y: Array) -> Array:
+    """``x`` where ``condition`` holds, else ``y``; each gets the gradient of its picks."""
+    return active().where(condition, x, y)
+
+
+def clip(x: Array, low: float, high: float) -> Array:
+    """``x`` limited to ``[low, high]``; the gradient passes where ``low <= x <= high``."""
+    return active().clip(x, low, high)
+
+
+def negative(x: Array) -> Array:
+    """``-x``."""
+    return active().negative(x)
+
+
+def abs(x: Array) -> Array:
+    """``|x|``; the gradient at 0 is 0."""
+    return active().abs(x)
+
+
+def sign(x: Array) -> Array:
+    """-1, 0 or 1; no gradient (zero)."""
+    return active().sign(x)
+
+
+def exp(x: Array) -> Array:
+    """``e ** x``."""
+    return active().exp(x)
+
+
+def expm1(x: Array) -> Array:
+    """``e ** x - 1``, accurate near 0."""
+    return active().expm1(x)
+
+
+def log(x: Array) -> Array:
+    """Natural logarithm."""
+    return active().log(x)
+
+
+def log1p(x: Array) -> Array:
+    """``log(1 + x)``, accurate near 0."""
+    return active().log1p(x)
+
+
+def sqrt(x: Array) -> Array:
+    """Square root."""
+    return active().sqrt(x)
+
+
+def rsqrt(x: Array) -> Array:
+    """``1 / sqrt(x)``."""
+    return active().rsqrt(x)
+
+
+def square(x: Array) -> Array:
+    """``x * x``."""
+    return active().square(x)
+
+
+def sin(x: Array) -> Array:
+    """Sine."""
+    return active().sin(x)
+
+
+def cos(x: Array) -> Array:
+    """Cosine."""
+    return active().cos(x)
+
+
+def tanh(x: Array) -> Array:
+    """Hyperbolic tangent."""
+    return active().tanh(x)
+
+
+def erf(x: Array) -> Array:
+    """The error function."""
+    return active().erf(x)
+
+
+def sigmoid(x: Array) -> Array:
+    """``1 / (1 + e ** -x)``, without overflow for large ``|x|``."""
+    return active().sigmoid(x)
+
+
+def relu(x: Array) -> Array:
+    """``max(x, 0)``; the gradient at 0 is 0."""
+    return active().relu(x)
+
+
+def gelu(x: Array, approximate: bool = False) -> Array:
+    """``x * Phi(x)`` with the exact normal CDF, or its tanh approximation."""
+    return active().gelu(x, approximate)
+
+
+def silu(x: Array) -> Array:
+    """``x * sigmoid(x)``."""
+    return active().silu(x)
+
+
+def softplus(x: Array) -> Array:
+    """``log(1 + e ** x)``, without overflow."""
+    return active().softplus(x)
+
+
+# -- comparisons (no gradient) -----------------------------------------------------------------
+
+
+def equal(x: Array, y: Array) -> Array:
+    """``x == y`` as bools."""
+    return active().equal(x, y)
+
+
+def less(x: Array, y: Array) -> Array:
+    """``x < y`` as bools."""
+    return active().less(x, y)
+
+
+def greater(x: Array, y: Array) -> Array:
+    """``x > y`` as bools."""
+    return active().greater(x, y)
+
+
+def logical_and(x: Array, y: Array) -> Array:
+    """Both true."""
+    return active().logical_and(x, y)
+
+
+def logical_not(x: Array) -> Array:
+    """Not true."""
+    return active().logical_not(x)
+
+
+def isfinite(x: Array) -> Array:
+    """Neither inf nor NaN."""
+    return active().isfinite(x)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+
+def sum(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """Sum over ``axis``."""
+    return active().sum(x, axis, keepdims)
+
+
+def mean(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """Mean over ``axis``."""
+    return active().mean(x, axis, keepdims)
+
+
+def max(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """Maximum over ``axis``; the gradient is split evenly among tied maxima."""
+    return active().max(x, axis, keepdims)
+
+
+def min(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
+    """Minimum over ``axis``; the gradient is split evenly among tied minima."""
+    return active().min(x, axis, keepdims)
+
+
+def argmax(x: Array, axis: int = -1) -> Array:
+    """Index of the first maximum along ``axis`` (int64); no gradient."""
+    return active().argmax(x, axis)
+
+
+def moments(x: Array, axis: Axis, keepdims: bool = False) -> tuple[Array, Array]:
+    """``(mean, variance)`` over ``axis``: the population variance (divided by the count),
+    computed from the deviations from the mean, so large offsets lose no precision (a
+    one-pass ``E[x^2] - E[x]^2`` in float16 or bfloat16 can be negative)."""
+    return active().moments(x, axis, keepdims)
+
+
+def logsumexp(x: Array, axis: Axis = -1, keepdims: bool = False) -> Array:
+    """``log(sum(exp(x)))`` over ``axis``, shifted by the maximum so it cannot overflow."""
+    return active().logsumexp(x, axis, keepdims)
+
+
+# -- linear algebra ----------------------------------------------------------------------------
+
+
+def matmul(x: Array, y: Array) -> Array:
+    """Matrix product over the last two axes, batch axes broadcast (``x @ y``); a 1-D
+    operand is a vector, as in numpy. Float32 products are computed in float32 on every
+    backend (no TF32, JAX's HIGHEST precision)."""
+    return active().matmul(x, y)
+
+
+def einsum(subscripts: str, *operands: Array) -> Array:
+    """Einstein summation with explicit output (``"bij,bjk->bik"``); each operand's letters
+    are distinct (no diagonals) and there is no ``...``."""
+    return active().einsum(subscripts, *operands)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def reshape(x: Array, shape: Sequence[int]) -> Array:
+    """``x`` with a new shape of the same size; one entry may be -1."""
+    return active().reshape(x, shape)
+
+
+def transpose(x: Array, axes: Sequence[int] | None = None) -> Array:
+    """``x`` with its axes permuted (reversed when ``axes`` is None)."""
+    return active().transpose(x, axes)
+
+
+def expand_dims(x: Array, axis: int) -> Array:
+    """``x`` with a new axis of length 1 at ``axis``."""
+    return active().expand_dims(x, axis)
+
+
+def squeeze(x: Array, axis: int | tuple[int, ...]) -> Array:
+    """``x`` without the length-1 ``axis`` (an error if its length is not 1)."""
+    return active().squeeze(x, axis)
+
+
+def broadcast_to(x: Array, shape: Sequence[int]) -> Array:
+    """``x`` broadcast to ``shape``; the gradient is summed back."""
+    return active().broadcast_to(x, shape)
+
+
+def concat(arrays: Sequence[Array], axis: int = 0) -> Array:
+    """The arrays joined along an existing ``axis``."""
+    return active().concat(arrays, axis)
+
+
+def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
+    """The arrays joined along a new ``axis``."""
+    return active().stack(arrays, axis)
+
+
+def split(x: Array, sizes: Sequence[int], axis: int = 0) -> list[Array]:
+    """``x`` cut along ``axis`` into pieces of the given ``sizes`` (they add up to its length;
+    torch's meaning of a list, not numpy's split indices)."""
+    return active().split(x, sizes, axis)
+
+
+def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Array:
+    """``x`` with ``widths[i] = (before, after)`` entries of ``value`` on each side of axis
+    ``i`` (one pair per axis)."""
+    return active().pad(x, widths, value)
+
+
+# -- indexing ----------------------------------------------------------------------------------
+
+
+def take(x: Array, indices: Array, axis: int = 0) -> Array:
+    """The entries of ``x`` at integer ``indices`` along ``axis`` (an embedding lookup with
+    ``axis=0``); indices out of range are an error where the backend can tell, undefined where
+    it cannot (compiled code). Repeated indices add their gradients."""
+    return active().take(x, indices, axis)
+
+
+def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
+    """``x``'s entries at ``indices``, which has ``x``'s rank and picks along ``axis`` (the
+    target logit of each row: ``take_along_axis(logits, labels[:, None], 1)``)."""
+    return active().take_along_axis(x, indices, axis)
+
+
+def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
+    """``indices`` as one-hot vectors of length ``depth`` on a new last axis."""
+    return active().one_hot(indices, depth, dtype)
+
+
+# -- networks ----------------------------------------------------------------------------------
+
+
+def softmax(x: Array, axis: int = -1) -> Array:
+    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum."""
+    return active().softmax(x, axis)
+
+
+def log_softmax(x: Array, axis: int = -1) -> Array:
+    """``x - logsumexp(x)`` along ``axis``."""
+    return active().log_softmax(x, axis)
+
+
+def conv(
+    x: Array,
+    kernel: Array,
+    stride: Pairish = 1,
+    padding: str | Pairish = 0,
+    dilation: Pairish = 1,
+    groups: int = 1,
+) -> Array:
+    """Cross-correlation over 1 or 2 spatial axes, channels last.
+
+    ``x`` is ``(N, *spatial, C_in)`` and ``kernel`` ``(*window, C_in // groups, C_out)``.
+    ``padding`` is zeros on both sides (an int, or one int per spatial axis), ``"valid"``
+    (none) or ``"same"``: the output has ``ceil(size / stride)`` positions and the padding
+    that takes is split with the extra one after, TensorFlow's rule (torch allows "same"
+    only at stride 1; its symmetric padding gives other numbers at stride 2).
+    """
+    return active().conv(x, kernel, stride, padding, dilation, groups)
+
+
+def conv_transpose(
+    x: Array,
+    kernel: Array,
+    stride: Pairish = 1,
+    padding: Pairish = 0,
+    output_padding: Pairish = 0,
+    dilation: Pairish = 1,
+) -> Array:
+    """The gradient of :func:`conv` with respect to its input, as a layer (a "deconvolution").
+
+    ``x`` is ``(N, *spatial, C_in)`` and ``kernel`` ``(*window, C_out, C_in)``: the kernel of
+    the :func:`conv` whose input gradient this is. Each output axis has
+    ``(size - 1) * stride - 2 * padding + dilation * (window - 1) + output_padding + 1``
+    positions, as in torch's ``ConvTranspose``.
+    """
+    return active().conv_transpose(x, kernel, stride, padding, output_padding, dilation)
+
+
+def max_pool(
+    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
+) -> Array:
+    """The maximum over each window of 1 or 2 spatial axes, channels last; ``stride`` None is
+    ``window``. Padding never wins (it is -inf). The gradient goes to the first maximum of each
+    window, as in torch."""
+    return active().max_pool(x, window, stride, padding)
+
+
+def avg_pool(
+    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
+) -> Array:
+    """The mean over each window of 1 or 2 spatial axes, channels last; padded positions are
+    left out of the count (TensorFlow's rule; torch's ``count_include_pad=False``)."""
+    return active().avg_pool(x, window, stride, padding)
+
+
+def scaled_dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """``softmax(query @ key^T * scale + bias) @ value`` over the last two axes.
+
+    ``query`` is ``(..., L, D)``, ``key`` ``(..., S, D)``, ``value`` ``(..., S, Dv)``; ``scale``
+    None is ``1 / sqrt(D)``. ``mask`` (bools broadcastable to ``(..., L, S)``) keeps the
+    positions where it is true; ``causal`` keeps ``s <= l``. A row that keeps nothing gives
+    zeros, not NaN.
+    """
+    return active().scaled_dot_product_attention(query, key, value, mask, causal, scale)
+
+
+def stop_gradient(x: Array) -> Array:
+    """``x``, through which no gradient flows."""
+    return active().stop_gradient(x)
+
+
+#: Every function of the contract, the names each backend's ops module defines.
+CONTRACT = (
+    "shape", "dtype",
+    "asarray", "zeros", "ones", "full", "zeros_like", "ones_like", "arange", "cast",
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "where", "clip",
+    "negative", "abs", "sign", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "square",
+    "sin", "cos", "tanh", "erf", "sigmoid", "relu", "gelu", "silu", "softplus",
+    "equal", "less", "greater", "logical_and", "logical_not", "isfinite",
+    "sum", "mean", "max", "min", "argmax", "moments", "logsumexp",
+    "matmul", "einsum",
+    "reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "concat", "stack",
+    "split", "pad",
+    "take", "take_along_axis", "one_hot",
+    "softmax", "log_softmax", "conv", "conv_transpose", "max_pool", "avg_pool",
+    "scaled_dot_product_attention", "stop_gradient",
+)  # fmt: skip
+
+__all__ = ["CONTRACT", "active", "using", *CONTRACT]

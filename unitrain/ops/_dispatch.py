@@ -1,0 +1,73 @@
+"""Which backend's ops the portable functions of :mod:`unitrain.ops` call right now.
+
+An adapter runs portable code (a layer's forward, a loss) inside ``using(its ops module)``;
+the choice lives in a :class:`contextvars.ContextVar`, so two backends in one process (the kit
+comparing one against the reference, ``unitrain compare``) and threads never see each other's.
+Tracing under ``jax.jit`` or ``tf.function`` happens inside the adapter's call, so traced code
+sees the right module too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from unitrain._errors import ConfigError
+
+__all__ = ["active", "using"]
+
+_ACTIVE: contextvars.ContextVar[ModuleType | None] = contextvars.ContextVar(
+    "unitrain_ops", default=None
+)
+
+
+def active() -> ModuleType:
+    """The ops module in use; an error that says how to choose one when none is."""
+    module = _ACTIVE.get()
+    if module is None:
+        raise ConfigError(
+            "unitrain.ops was called outside a backend: portable code runs inside the "
+            "backend that calls it (a layer's forward, a loss); to call ops yourself, wrap "
+            "the calls in `with unitrain.ops.using('numpy'):` (or 'torch', 'jax', "
+            "'tensorflow', or a backend's ops module)"
+        )
+    return module
+
+
+def resolve(backend: str | ModuleType | Any) -> ModuleType:
+    """An ops module from a backend's name (as ``get_backend`` takes it), an ops module, or a
+    backend class whose ``ops`` attribute is its ops module."""
+    if isinstance(backend, ModuleType):
+        return backend
+    if isinstance(backend, str):
+        from unitrain.backends.registry import get_backend
+
+        backend = get_backend(backend)
+    module = getattr(backend, "ops", None)
+    if isinstance(module, ModuleType):
+        return module
+    raise ConfigError(
+        f"{backend!r} offers no ops module; pass a backend name, an ops module or a backend "
+        "class whose `ops` attribute is its ops module"
+    )
+
+
+@contextlib.contextmanager
+def using(backend: str | ModuleType | Any) -> Iterator[ModuleType]:
+    """Run the portable ops of this block on ``backend`` (name, module or backend class).
+
+    Examples:
+        >>> import numpy as np
+        >>> from unitrain import ops
+        >>> with ops.using("numpy"):
+        ...     print(ops.sum(ops.exp(np.zeros(3))))
+        3.0
+    """
+    token = _ACTIVE.set(resolve(backend))
+    try:
+        yield _ACTIVE.get()  # type: ignore[misc]
+    finally:
+        _ACTIVE.reset(token)

@@ -73,7 +73,7 @@ def make_inputs(case: OpCase, rounded_to: str = "float64") -> list[np.ndarray]:
     ``rounded_to`` (so a reference fed them computes on exactly what a backend in that dtype
     was given), int64 and bool for those kinds."""
     rng = np.random.default_rng(zlib.crc32(case.name.encode()))
-    made = []
+    made: list[np.ndarray] = []
     for kind, shape in case.inputs:
         size = int(np.prod(shape))
         value: np.ndarray

@@ -24,9 +24,9 @@ from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.protocol import Backend, BackendOptions, FusedStep
 from unitrain.backends.state import split_state
 from unitrain.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
-from unitrain.config import TrainerConfig
 from unitrain.models import MLP
 from unitrain.recipes import default_trainer, load_digits
+from unitrain.training.config import TrainerConfig
 
 tf = pytest.importorskip("tensorflow")
 tf_backend = pytest.importorskip("unitrain.backends.tensorflow")

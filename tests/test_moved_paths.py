@@ -19,6 +19,7 @@ USED_FOR = {
     "unitrain.strategy": "Strategy",
     "unitrain.precision": "LossScaler",
     "unitrain.state": "split_state",
+    "unitrain.config": "TrainerConfig",
     "unitrain.trainer": "Trainer",
     "unitrain.rng": "seed_everything",
     "unitrain.recipe": "load_recipe",

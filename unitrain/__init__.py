@@ -25,10 +25,10 @@ if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and 
     from unitrain import callbacks, metrics, models, optim, schedules
     from unitrain.backends.protocol import Backend, BackendOptions, Capabilities, FusedStep
     from unitrain.backends.registry import get_backend, list_backends
-    from unitrain.config import TrainerConfig
     from unitrain.data import ArrayLoader
     from unitrain.export import export_weights
     from unitrain.recipes import Recipe, load_recipe
+    from unitrain.training.config import TrainerConfig
     from unitrain.training.trainer import RunState, Trainer, TrainState
 
 __version__ = "0.1.0"
@@ -47,7 +47,7 @@ _LAZY = {
     "BackendOptions": "unitrain.backends.protocol",
     "Capabilities": "unitrain.backends.protocol",
     "FusedStep": "unitrain.backends.protocol",
-    "TrainerConfig": "unitrain.config",
+    "TrainerConfig": "unitrain.training.config",
     "ArrayLoader": "unitrain.data",
     "get_backend": "unitrain.backends.registry",
     "list_backends": "unitrain.backends.registry",

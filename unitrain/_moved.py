@@ -21,6 +21,7 @@ MOVED = {
     "unitrain.strategy": ("unitrain.backends.strategy", "unitrain.backends.strategy"),
     "unitrain.precision": ("unitrain.backends.precision", "unitrain.backends.precision"),
     "unitrain.state": ("unitrain.backends.state", "unitrain.backends.state"),
+    "unitrain.config": ("unitrain.training.config", "unitrain (or unitrain.training.config)"),
     "unitrain.trainer": ("unitrain.training.trainer", "unitrain (or unitrain.training.trainer)"),
     "unitrain.rng": ("unitrain.training.rng", "unitrain.training.rng"),
     "unitrain.recipe": ("unitrain.recipes._recipe", "unitrain.recipes"),

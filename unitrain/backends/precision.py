@@ -1,6 +1,6 @@
 """Precision policy: matmul precision, mixed precision, and the one dynamic loss scaler.
 
-Three separate choices, each a :class:`~unitrain.config.TrainerConfig` field:
+Three separate choices, each a :class:`~unitrain.training.config.TrainerConfig` field:
 
 - ``deterministic`` picks kernels (same numbers run after run);
 - ``matmul_precision`` picks how float32 matmuls are computed: ``"highest"`` (true float32,

@@ -20,8 +20,8 @@ import numpy as np
 from unitrain import callbacks as core_callbacks
 from unitrain.backends.protocol import BackendOptions, Capabilities, FusedStep
 from unitrain.backends.registry import get_backend
-from unitrain.config import TrainerConfig
 from unitrain.conformance._tolerances import Tolerance
+from unitrain.training.config import TrainerConfig
 from unitrain.training.trainer import Trainer
 
 __all__ = [

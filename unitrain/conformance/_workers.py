@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from unitrain import callbacks, optim, schedules
-from unitrain.config import TrainerConfig
 from unitrain.models import MLP
+from unitrain.training.config import TrainerConfig
 from unitrain.training.trainer import Trainer
 
 __all__ = [

@@ -16,10 +16,10 @@ import numpy as np
 
 from unitrain import callbacks as cb
 from unitrain import schedules
-from unitrain.config import TrainerConfig
 from unitrain.data import ArrayLoader
 from unitrain.models import MLP
 from unitrain.optim import SGD
+from unitrain.training.config import TrainerConfig
 from unitrain.training.trainer import Trainer
 
 __all__ = ["Digits", "DigitsSplit", "default_trainer", "load_digits"]

@@ -35,13 +35,13 @@ from typing import Any
 
 from unitrain._errors import ConfigError
 from unitrain.callbacks import callback_from_dict
-from unitrain.config import TrainerConfig
 from unitrain.metrics import metric_from_dict, resolve_metrics
 from unitrain.models import model_from_dict
 from unitrain.optim import SGD, Optimizer, optimizer_from_dict
 from unitrain.recipes import _toml, _trust
 from unitrain.schedules import AbstractSchedule, Constant
 from unitrain.schedules import from_dict as schedule_from_dict
+from unitrain.training.config import TrainerConfig
 
 __all__ = [
     "Recipe",
@@ -68,7 +68,7 @@ class Recipe:
         schedule: from :mod:`unitrain.schedules`.
         callbacks: training callbacks (early stopping, checkpoints, ...); ``unitrain train``
             adds its own loggers beside them.
-        config: a :class:`~unitrain.config.TrainerConfig`.
+        config: a :class:`~unitrain.training.config.TrainerConfig`.
         loss: ``"cross_entropy"`` or ``"mse"``.
         metrics: metrics for ``Trainer(metrics=...)``.
         name: names the run's folder (``runs/<name>``).

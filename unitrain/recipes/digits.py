@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from unitrain import callbacks, optim, schedules
-from unitrain.config import TrainerConfig
 from unitrain.models import MLP
 from unitrain.recipes import Digits, Recipe
+from unitrain.training.config import TrainerConfig
 
 
 def recipe(config: TrainerConfig | None = None) -> Recipe:

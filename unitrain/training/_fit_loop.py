@@ -23,12 +23,12 @@ from unitrain._errors import NonFiniteError
 from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
 from unitrain.backends.strategy import Strategy, training_shards
 from unitrain.callbacks._base import CallbackList
-from unitrain.config import TrainerConfig
 from unitrain.data import ArrayLoader, BatchSource
 from unitrain.metrics import Metric
 from unitrain.training._evaluation import evaluate
 from unitrain.training._run_state import TrainState
 from unitrain.training._running import RunningLoss
+from unitrain.training.config import TrainerConfig
 
 __all__ = ["FitLoop"]
 

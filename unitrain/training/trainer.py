@@ -31,7 +31,6 @@ from unitrain.checkpoint import (
     remove_leftovers,
     save_checkpoint,
 )
-from unitrain.config import TrainerConfig, check_run_length
 from unitrain.data import BatchSource, as_batch_source, check_source
 from unitrain.metrics import resolve_metrics
 from unitrain.models import MLP, AbstractLayer
@@ -44,6 +43,7 @@ from unitrain.training._lineage import Lineage, claim_folders, lineage_for
 from unitrain.training._lock import RunLock, check_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
 from unitrain.training._run_state import RunState, TrainState, restore, snapshot
+from unitrain.training.config import TrainerConfig, check_run_length
 
 __all__ = ["RunState", "TrainState", "Trainer"]
 

@@ -80,15 +80,16 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
 
 def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     """Deletes the unfinished saves and removals that killed processes left in ``directory``.
-     Readers ignore them, but each can be as large as a checkpoint, and a job that is killed often would
-    fill its disk. Only those whose writer (the pid in the name) is not running on this host, or is this
-    process, are deleted; call this only while holding the directory's run lock (the Trainer does, see
-    :mod:`unitrain.training._lock`), so that no other run writes there. A displaced ``.{name}.old-*``
-    copy is deleted only when ``name`` exists (the replacement was installed); otherwise it is the only
-    copy of that checkpoint and is kept.
 
-        Args:
-            directory: a checkpoint directory; a missing one has nothing to delete.
+    Readers ignore them, but each can be as large as a checkpoint, and a job that is killed
+    often would fill its disk. Only those whose writer (the pid in the name) is not running on
+    this host, or is this process, are deleted; call this only while holding the directory's
+    run lock (the Trainer does, see :mod:`unitrain.training._lock`), so that no other run
+    writes there. A displaced ``.{name}.old-*`` copy is deleted only when ``name`` exists (the
+    replacement was installed); otherwise it is the only copy of that checkpoint and is kept.
+
+    Args:
+        directory: a checkpoint directory; a missing one has nothing to delete.
     """
     root = Path(directory)
     try:

@@ -33,9 +33,9 @@ class OpCase:
             (0.5 to 2); ``unit`` (-0.9 to 0.9); ``apart`` (at least 0.13 from 0, 0.09 from
             each other and from +-0.5, for kinks, ties and clip bounds); ``int:N`` (0 to
             N - 1, int64); ``bool``; ``ties`` (-1, -0.5, 0, 0.5, 1); ``same:K`` (input K's
-            values again); ``large`` (normal, with every other entry spread
-            evenly from -120 to 120, past float32's ``exp`` range); ``offset`` (64 plus a spread of 0.25, where a one-pass
-            variance cancels).
+            values again); ``large`` (normal, with every other entry spread evenly from -120
+            to 120, past float32's ``exp`` range); ``offset`` (64 plus a spread of 0.25,
+            where a one-pass variance cancels).
         call: ``call(ops, *arrays)`` computes the case's output (an array, or a tuple or
             list of arrays).
         differentiable: the positions of the inputs that get a gradient (floating inputs

@@ -129,9 +129,9 @@ def add_check(
     base = f"{family}::{name}"
     if base in _CHECKS:
         existing = _CHECKS[base]
-        # The same module imported under a second name (pytest's rootdir-based import of
-        # ``unitrain/conformance/checks/x.py`` as ``conformance.checks.x`` in a source checkout)
-        # keeps the first registration; a different check under the same id is an error.
+        # The same module imported under a second name (a second copy of the package on the
+        # path, or a check file run as a script) keeps the first registration; a different
+        # check under the same id is an error.
         if _same_source(existing.function, function):
             return existing
         raise ValueError(f"check {base!r} is registered twice")

@@ -86,8 +86,7 @@ __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
 
 class JaxBackend:
-    """JAX implementation of the :class:`unitrain.backends.protocol.Backend` protocol, with a fused
-    step.
+    """The :class:`~unitrain.backends.protocol.Backend` protocol on JAX, with a fused step.
 
     Attributes:
         trace_counts: how many times each jitted function was traced (one per new input

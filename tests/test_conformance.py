@@ -196,3 +196,23 @@ def test_the_backend_guide_lists_every_check_and_what_it_fails_on():
     rows = {line for line in guide.splitlines() if line.startswith("| `") and "::" in line}
     expected = {f"| `{c.base_id}` | {c.description} | {c.guards} |" for c in all_checks()}
     assert rows == expected, sorted(rows ^ expected)[:4]
+
+
+def test_a_backend_class_reaches_the_workers_as_the_same_backend_its_import_name_does():
+    TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend  # launches workers
+
+    by_class = check_backend(TorchBackend, dtypes=["float32"], keyword="workers_match")
+    by_name = check_backend(
+        "unitrain.backends.torch:TorchBackend", dtypes=["float32"], keyword="workers_match"
+    )
+    assert [(r.id, r.status) for r in by_class] == [(r.id, r.status) for r in by_name]
+    assert [r.status for r in by_class] == ["passed"], by_class[0].reason
+
+
+def test_a_backend_defined_in_main_is_told_what_to_pass_instead_of_unknown_backend():
+    TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend
+    script_class = type("ScriptBackend", (TorchBackend,), {"__module__": "__main__"})
+    (result,) = check_backend(script_class, dtypes=["float32"], keyword="workers_match")
+    assert result.status == "failed"
+    assert "defined in the script being run" in result.reason
+    assert "'package.module:Class'" in result.reason

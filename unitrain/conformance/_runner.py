@@ -143,13 +143,45 @@ class PlannedCheck:
         return self.check.id(self.device, self.dtype)
 
 
+def import_target(backend: Any) -> str:
+    """``"package.module:Qualified.Name"`` for a backend class or factory: how a fresh process
+    (the data-parallel checks' workers) imports it again. A class defined in ``__main__`` or
+    inside a function has no such name; it gets its bare name, and :func:`importable` says why.
+
+    Examples:
+        >>> from unitrain.backends.numpy import NumpyBackend
+        >>> import_target(NumpyBackend)
+        'unitrain.backends.numpy.backend:NumpyBackend'
+    """
+    module = getattr(backend, "__module__", None)
+    qualname = getattr(backend, "__qualname__", None)
+    if not module or not qualname:
+        return repr(backend)
+    return f"{module}:{qualname}"
+
+
+def importable(target: str) -> str | None:
+    """Why a fresh process cannot import the backend named ``target`` (None: it can)."""
+    module, _, qualname = target.partition(":")
+    if not qualname:
+        return None  # a registered name
+    if module == "__main__" or "<locals>" in qualname:
+        where = "the script being run" if module == "__main__" else "a function"
+        return (
+            f"the backend {qualname.split('.')[-1]!r} is defined in {where}, so the worker "
+            "processes of this check cannot import it; define it in an importable module and "
+            "pass the class (or 'package.module:Class')"
+        )
+    return None
+
+
 def resolve_backend(spec: Any) -> BackendUnderTest:
     """The backend under test from a name, ``"pkg.mod:Class"``, a class or a factory.
 
     A factory function ``factory(model, options)`` may carry the same attributes a class
     would (``name``, ``capabilities``, ``conformance_xfails``, ...); missing ones default.
     """
-    target = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
+    target = spec if isinstance(spec, str) else import_target(spec)
     factory = get_backend(spec) if isinstance(spec, (str, type)) else spec
     if not callable(factory):
         raise TypeError(f"a backend is a name, 'pkg.mod:Class', a class or a factory, got {spec!r}")

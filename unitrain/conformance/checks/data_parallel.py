@@ -46,6 +46,7 @@ from unitrain.checkpoint import list_checkpoints, load_checkpoint
 from unitrain.conformance import _workers
 from unitrain.conformance._context import Context
 from unitrain.conformance._registry import check
+from unitrain.conformance._runner import importable
 
 WORKERS = 2
 #: Two workers run the experiment in every dtype in 10-30 s on a busy 2-core CPU; a hang
@@ -100,6 +101,9 @@ def _launched(
     """``prefix -m unitrain.conformance._workers`` run once for every dtype (starting a
     framework takes seconds); this dtype's directory."""
     key = (kind, ctx.backend.target, ctx.device)
+    reason = importable(ctx.backend.target)
+    if reason is not None:
+        ctx.require(False, reason)
     if key not in _LAUNCHED:
         out = Path(tempfile.mkdtemp(prefix=f"unitrain-data-parallel-{kind}-"))
         atexit.register(shutil.rmtree, out, ignore_errors=True)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
+import _faulty_backends
+import numpy as np
 import pytest
 from _backends import backends
 
@@ -216,3 +218,28 @@ def test_a_backend_defined_in_main_is_told_what_to_pass_instead_of_unknown_backe
     assert result.status == "failed"
     assert "defined in the script being run" in result.reason
     assert "'package.module:Class'" in result.reason
+
+
+def test_a_failure_names_the_tensor_the_float32_sized_error_and_the_likely_cause():
+    from unitrain.conformance._context import CheckFailed, Context
+    from unitrain.conformance._runner import resolve_backend
+    from unitrain.conformance._tolerances import tolerance_for
+
+    ctx = Context(resolve_backend("numpy"), "cpu", "float64", tolerance_for("float64"))
+    expected = {"model.a": np.ones(4), "model.b": np.ones(4)}
+    off = {"model.a": np.ones(4), "model.b": np.ones(4) * (1 + 3e-7)}  # float32-sized
+    with pytest.raises(CheckFailed, match=r"furthest off: 'model\.b'.*float32's size"):
+        ctx.compare("state after one update", off, expected, "step")
+
+    results = check_backend(
+        _faulty_backends.DropoutNotInverted,
+        dtypes=["float32"],
+        keyword="dropout::inverted_scaling",
+    )
+    (failed,) = results
+    assert failed.status == "failed"
+    assert failed.reason.endswith(f"(likely: {_guards('dropout::inverted_scaling')})")
+
+
+def _guards(base_id):
+    return next(c.guards for c in all_checks() if c.base_id == base_id)

@@ -148,6 +148,29 @@ def normwise_error(actual: Any, expected: Any) -> tuple[float, float]:
     return max_abs, error / norm
 
 
+def worst_entry(actual: Any, expected: Any) -> tuple[str, float] | None:
+    """The key of a dict comparison whose own relative error is largest, and that error;
+    None for arrays (nothing to name) or when no key can be compared."""
+    if not isinstance(expected, Mapping) or not isinstance(actual, Mapping):
+        return None
+    found = [
+        (normwise_error(actual[key], expected[key])[1], key)
+        for key in sorted(expected)
+        if key in actual and np.shape(actual[key]) == np.shape(expected[key])
+    ]
+    if not found:
+        return None
+    error, key = max(found, key=lambda pair: pair[0])
+    return key, error
+
+
+def float32_sized(dtype: str, relative_error: float) -> bool:
+    """Whether an error in a float64 row is the size float32 arithmetic leaves (1e-9 to 1e-4
+    relative: float32 rounds at 6e-8 and a computation adds up several roundings), which is
+    what a float64 check sees when part of the backend computes in float32."""
+    return dtype == "float64" and 1e-9 <= relative_error <= 1e-4
+
+
 class Context:
     """Everything a check needs for one backend on one device in one dtype.
 
@@ -243,20 +266,38 @@ class Context:
 
     # -- comparing --------------------------------------------------------------------------
 
-    def record(self, what: str, kind: str, max_abs: float, rel: float, tolerance: float) -> None:
-        """Keep a measurement; fail the check when it exceeds its tolerance."""
+    def record(
+        self, what: str, kind: str, max_abs: float, rel: float, tolerance: float, detail: str = ""
+    ) -> None:
+        """Keep a measurement; fail the check when it exceeds its tolerance (``detail`` is
+        added to the failure: which tensor, what the error's size suggests)."""
         measurement = Measurement(what, kind, max_abs, rel, tolerance)
         self.measurements.append(measurement)
         if not measurement.ratio <= 1.0:
             raise CheckFailed(
                 f"{what}: relative error {rel:.3g} exceeds the {self.dtype} {kind} "
-                f"tolerance {tolerance:.3g} (max abs error {max_abs:.3g})"
+                f"tolerance {tolerance:.3g} (max abs error {max_abs:.3g}){detail}"
             )
 
     def compare(self, what: str, actual: Any, expected: Any, kind: str) -> float:
-        """Compare normwise against the tolerance of ``kind``; returns the relative error."""
+        """Compare normwise against the tolerance of ``kind``; returns the relative error.
+
+        A failure names the tensor of a dict comparison that is furthest off, and says when
+        the error of a float64 row has the size of float32 arithmetic.
+        """
         max_abs, rel = normwise_error(actual, expected)
-        self.record(what, kind, max_abs, rel, getattr(self.tolerance, kind))
+        tolerance = getattr(self.tolerance, kind)
+        detail = ""
+        if not rel <= tolerance:
+            worst = worst_entry(actual, expected)
+            if worst is not None and len(expected) > 1:
+                detail += f"; furthest off: {worst[0]!r} (relative error {worst[1]:.3g})"
+            if float32_sized(self.dtype, rel):
+                detail += (
+                    "; an error of float32's size in a float64 row: is part of the "
+                    "computation done in float32?"
+                )
+        self.record(what, kind, max_abs, rel, tolerance, detail)
         return rel
 
     def require(self, condition: bool, message: str) -> None:

@@ -314,7 +314,7 @@ def run_planned(
     except CheckSkipped as skipped:
         status, reason = "skipped", str(skipped)
     except CheckFailed as failure:
-        status, reason = "failed", str(failure)
+        status, reason = "failed", f"{failure} (likely: {item.check.guards})"
     except Exception as error:
         where = traceback.extract_tb(error.__traceback__)[-1]
         status = "failed"

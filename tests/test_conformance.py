@@ -243,3 +243,11 @@ def test_a_failure_names_the_tensor_the_float32_sized_error_and_the_likely_cause
 
 def _guards(base_id):
     return next(c.guards for c in all_checks() if c.base_id == base_id)
+
+
+def test_simulated_workers_are_named_as_such():
+    (result,) = check_backend("numpy", dtypes=["float64"], keyword="workers_match")
+    assert result.status == "passed"
+    assert any(
+        note.startswith("simulated: 2 workers simulated in one process") for note in result.notes
+    )

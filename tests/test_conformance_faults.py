@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import types
 from typing import Any, ClassVar
 
@@ -285,10 +286,23 @@ class LogsumexpNotShifted(TorchBackend):
     )
 
 
+class LauncherSwallowsWorkers(TorchBackend):
+    """A launcher that exits 0 without the workers ever running (a wrapper that drops their
+    exit status)."""
+
+    @staticmethod
+    def launch_command(workers: int) -> list[str]:
+        return [sys.executable, "-c", "print('workers started')"]
+
+
 FAULTS = {
     "maximum's tie gradient all to one side": (
         MaximumTiesToOneSide,
         "ops::maximum.ties[cpu-float32]",
+    ),
+    "a launcher that exits 0 for workers that never ran": (
+        LauncherSwallowsWorkers,
+        "data_parallel::workers_match_global_batch[cpu-float32]",
     ),
     "logsumexp not shifted by the maximum": (
         LogsumexpNotShifted,

@@ -66,6 +66,11 @@ def _run_workers(ctx: Context, out: Path) -> Path:
     if launcher is None:
         probe = ctx.make(_workers_model())
         strategy = None if isinstance(probe, DataParallel) else WORKERS
+        if strategy is not None:
+            ctx.notes.append(
+                f"simulated: {WORKERS} workers simulated in one process (the backend declares "
+                "no data_parallel launch_command), so no worker process or reduction was tested"
+            )
         _workers.experiment(ctx.backend.factory, ctx.dtype, out, strategy)
         return out
     return _launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
@@ -121,6 +126,13 @@ def _launched(
             errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
             detail = "\n".join(errors[-6:]) or done.stderr[-1500:]
             ctx.require(False, f"{label} failed (exit {done.returncode}):\n{detail}")
+        missing = [d for d in dtypes.split(",") if not (out / d / "a" / "outcome.json").is_file()]
+        if missing:  # a launcher that reports success for workers that never finished
+            ctx.require(
+                False,
+                f"{label} exited 0 but wrote no result for {', '.join(missing)}; the workers' "
+                f"output:\n{(done.stderr or done.stdout)[-1500:]}",
+            )
         _LAUNCHED[key] = out
     return _LAUNCHED[key] / ctx.dtype
 

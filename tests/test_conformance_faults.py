@@ -544,3 +544,21 @@ def test_a_verdict_with_declared_failures_says_so_on_its_last_line() -> None:
     assert report.summary()["verdict_line"] == "conforms, with 1 declared deviation"
     clean = run(NumpyBackend, device="cpu", dtypes=["float32"], keyword="inverted_scaling")
     assert clean.table().splitlines()[-1] == "verdict: conforms"
+
+
+class UpdatesInFloat32(NumpyBackend):
+    """Applies each float64 update through float32 (a kernel with no float64 path)."""
+
+    def step(self, lr: float) -> None:
+        super().step(lr)
+        self.params = {k: v.astype(np.float32).astype(v.dtype) for k, v in self.params.items()}
+
+
+def test_a_float32_computation_in_a_float64_row_is_named_and_so_is_the_tensor() -> None:
+    keyword = "optimizers::sgd_momentum[cpu-float64]"
+    (caught,) = check_backend(UpdatesInFloat32, device="cpu", dtypes=["float64"], keyword=keyword)
+    assert caught.status == "failed"
+    assert "an error of float32's size in a float64 row" in caught.reason
+    assert "furthest off: 'model." in caught.reason
+    (control,) = check_backend(NumpyBackend, device="cpu", dtypes=["float64"], keyword=keyword)
+    assert control.status == "passed"

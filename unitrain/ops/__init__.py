@@ -39,10 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from unitrain.ops._dispatch import active, using
-
-Array = Any
-Axis = int | tuple[int, ...] | None
-Pairish = int | Sequence[int]
+from unitrain.ops._types import Array, Axis, Pairish  # noqa: F401 - the backends' signatures
 
 # -- about arrays ------------------------------------------------------------------------------
 
@@ -406,95 +403,18 @@ def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
     return active().one_hot(indices, depth, dtype)
 
 
-# -- networks ----------------------------------------------------------------------------------
+# -- networks (in _nn.py) ----------------------------------------------------------------------
 
-
-def softmax(x: Array, axis: int = -1) -> Array:
-    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum."""
-    return active().softmax(x, axis)
-
-
-def log_softmax(x: Array, axis: int = -1) -> Array:
-    """``x - logsumexp(x)`` along ``axis``."""
-    return active().log_softmax(x, axis)
-
-
-def conv(
-    x: Array,
-    kernel: Array,
-    stride: Pairish = 1,
-    padding: str | Pairish = 0,
-    dilation: Pairish = 1,
-    groups: int = 1,
-) -> Array:
-    """Cross-correlation over 1 or 2 spatial axes, channels last.
-
-    ``x`` is ``(N, *spatial, C_in)`` and ``kernel`` ``(*window, C_in // groups, C_out)``.
-    ``padding`` is zeros on both sides (an int, or one int per spatial axis), ``"valid"``
-    (none) or ``"same"``: the output has ``ceil(size / stride)`` positions and the padding
-    that takes is split with the extra one after, TensorFlow's rule (torch allows "same"
-    only at stride 1; its symmetric padding gives other numbers at stride 2).
-    """
-    return active().conv(x, kernel, stride, padding, dilation, groups)
-
-
-def conv_transpose(
-    x: Array,
-    kernel: Array,
-    stride: Pairish = 1,
-    padding: Pairish = 0,
-    output_padding: Pairish = 0,
-    dilation: Pairish = 1,
-) -> Array:
-    """The gradient of :func:`conv` with respect to its input, as a layer (a "deconvolution").
-
-    ``x`` is ``(N, *spatial, C_in)`` and ``kernel`` ``(*window, C_out, C_in)``: the kernel of
-    the :func:`conv` whose input gradient this is. Each output axis has
-    ``(size - 1) * stride - 2 * padding + dilation * (window - 1) + output_padding + 1``
-    positions, as in torch's ``ConvTranspose``.
-    """
-    return active().conv_transpose(x, kernel, stride, padding, output_padding, dilation)
-
-
-def max_pool(
-    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
-) -> Array:
-    """The maximum over each window of 1 or 2 spatial axes, channels last; ``stride`` None is
-    ``window``. Padding never wins (it is -inf). The gradient goes to the first maximum of each
-    window, as in torch."""
-    return active().max_pool(x, window, stride, padding)
-
-
-def avg_pool(
-    x: Array, window: Pairish, stride: Pairish | None = None, padding: Pairish = 0
-) -> Array:
-    """The mean over each window of 1 or 2 spatial axes, channels last; padded positions are
-    left out of the count (TensorFlow's rule; torch's ``count_include_pad=False``)."""
-    return active().avg_pool(x, window, stride, padding)
-
-
-def scaled_dot_product_attention(
-    query: Array,
-    key: Array,
-    value: Array,
-    mask: Array | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """``softmax(query @ key^T * scale + bias) @ value`` over the last two axes.
-
-    ``query`` is ``(..., L, D)``, ``key`` ``(..., S, D)``, ``value`` ``(..., S, Dv)``; ``scale``
-    None is ``1 / sqrt(D)``. ``mask`` (bools broadcastable to ``(..., L, S)``) keeps the
-    positions where it is true; ``causal`` keeps ``s <= l``. A row that keeps nothing gives
-    zeros, not NaN.
-    """
-    return active().scaled_dot_product_attention(query, key, value, mask, causal, scale)
-
-
-def stop_gradient(x: Array) -> Array:
-    """``x``, through which no gradient flows."""
-    return active().stop_gradient(x)
-
+from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where the contract lists them
+    avg_pool,
+    conv,
+    conv_transpose,
+    log_softmax,
+    max_pool,
+    scaled_dot_product_attention,
+    softmax,
+    stop_gradient,
+)
 
 #: Every function of the contract, the names each backend's ops module defines.
 CONTRACT = (

@@ -48,7 +48,6 @@ from unitrain import (
     Trainer,
     TrainerConfig,
     UnitrainError,
-    cli,
     models,
     optim,
     schedules,
@@ -57,6 +56,7 @@ from unitrain import callbacks as cb
 from unitrain.checkpoint import load_checkpoint, save_checkpoint
 from unitrain.checkpoint._digest import digest_hex
 from unitrain.checkpoint._format import DATA_FILES, FileDigest, encode_manifest
+from unitrain.cli import _main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = (*DATA_FILES, "manifest.json")

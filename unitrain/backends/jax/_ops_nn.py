@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from unitrain.ops import Array, Pairish
+from unitrain.ops.windows import per_axis, same_padding
 
 #: ``conv_general_dilated``'s layouts per number of spatial axes: channels last, kernels
 #: ``(*window, C_in / groups, C_out)``; the transposed conv reads its kernel as
@@ -31,16 +32,6 @@ def _precision() -> lax.Precision | None:
     return None if jax.default_matmul_precision.value is not None else lax.Precision.HIGHEST
 
 
-def _per_axis(value: Pairish, n: int, name: str) -> tuple[int, ...]:
-    """An int or a sequence of ``n`` ints as ``n`` ints."""
-    if isinstance(value, int):
-        return (value,) * n
-    values = tuple(int(v) for v in value)
-    if len(values) != n:
-        raise ValueError(f"{name} needs one int or {n} ints (one per spatial axis), got {value!r}")
-    return values
-
-
 def _conv_padding(
     padding: str | Pairish,
     sizes: Sequence[int],
@@ -52,14 +43,10 @@ def _conv_padding(
     if padding == "valid":
         return [(0, 0)] * len(sizes)
     if padding == "same":
-        pads = []
-        for size, k, s, d in zip(sizes, window, strides, dilations):
-            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
-            pads.append((total // 2, total - total // 2))
-        return pads
+        return [same_padding(*axis) for axis in zip(sizes, window, strides, dilations)]
     if isinstance(padding, str):
         raise ValueError(f"padding is an int, ints, 'same' or 'valid', got {padding!r}")
-    return [(p, p) for p in _per_axis(padding, len(sizes), "padding")]
+    return [(p, p) for p in per_axis(padding, len(sizes), "padding")]
 
 
 def _spatial_axes(x: Array, layouts: dict[int, Any]) -> int:
@@ -78,8 +65,8 @@ def conv(
     groups: int = 1,
 ) -> Array:
     n = _spatial_axes(x, _CONV_LAYOUTS)
-    strides = _per_axis(stride, n, "stride")
-    dilations = _per_axis(dilation, n, "dilation")
+    strides = per_axis(stride, n, "stride")
+    dilations = per_axis(dilation, n, "dilation")
     pads = _conv_padding(padding, x.shape[1:-1], kernel.shape[:n], strides, dilations)
     return lax.conv_general_dilated(
         x,
@@ -105,10 +92,10 @@ def conv_transpose(
     kernel flipped with its channel axes read the other way round, and each side padded by
     ``dilation * (window - 1) - padding`` (plus ``output_padding`` after)."""
     n = _spatial_axes(x, _TRANSPOSED_LAYOUTS)
-    strides = _per_axis(stride, n, "stride")
-    dilations = _per_axis(dilation, n, "dilation")
-    pads = _per_axis(padding, n, "padding")
-    extras = _per_axis(output_padding, n, "output_padding")
+    strides = per_axis(stride, n, "stride")
+    dilations = per_axis(dilation, n, "dilation")
+    pads = per_axis(padding, n, "padding")
+    extras = per_axis(output_padding, n, "output_padding")
     edges = []
     for k, d, p, extra in zip(kernel.shape[:n], dilations, pads, extras):
         edge = d * (k - 1) - p
@@ -130,9 +117,9 @@ def _pool_geometry(
 ) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, int]]]:
     """``reduce_window``'s dimensions, strides and pads: batch and channels untouched."""
     n = _spatial_axes(x, _CONV_LAYOUTS)
-    sizes = _per_axis(window, n, "window")
-    steps = sizes if stride is None else _per_axis(stride, n, "stride")
-    pads = [(p, p) for p in _per_axis(padding, n, "padding")]
+    sizes = per_axis(window, n, "window")
+    steps = sizes if stride is None else per_axis(stride, n, "stride")
+    pads = [(p, p) for p in per_axis(padding, n, "padding")]
     return (1, *sizes, 1), (1, *steps, 1), [(0, 0), *pads, (0, 0)]
 
 

@@ -12,7 +12,6 @@ padding out of its count. Attention is written in the tracked ops, its derivativ
 
 from __future__ import annotations
 
-import builtins
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,21 +23,7 @@ from unitrain.backends.numpy._ops_array import Tracked, matmul, multiply, record
 from unitrain.backends.numpy._ops_reduce import masked_softmax, softmax
 from unitrain.backends.numpy._ops_shape import transpose
 from unitrain.ops import Array, Pairish
-
-
-def _per_axis(value: Pairish, rank: int, name: str) -> tuple[int, ...]:
-    if isinstance(value, int | np.integer):
-        return (int(value),) * rank
-    values = tuple(int(v) for v in value)
-    if len(values) != rank:
-        raise ValueError(f"{name} needs one value per spatial axis ({rank}), got {value!r}")
-    return values
-
-
-def _same_padding(size: int, window: int, stride: int, dilation: int) -> tuple[int, int]:
-    """TensorFlow's "same": ceil(size / stride) outputs, the odd padding after."""
-    total = builtins.max((-(-size // stride) - 1) * stride + (window - 1) * dilation + 1 - size, 0)
-    return total // 2, total - total // 2
+from unitrain.ops.windows import per_axis, same_padding
 
 
 def _windows(
@@ -142,16 +127,16 @@ def conv(
             "kernel is (*window, C_in // groups, C_out) with C_out divisible by groups"
         )
     window = kv.shape[:rank]
-    strides, dilations = _per_axis(stride, rank, "stride"), _per_axis(dilation, rank, "dilation")
+    strides, dilations = per_axis(stride, rank, "stride"), per_axis(dilation, rank, "dilation")
     if isinstance(padding, str) and padding.lower() in ("same", "valid"):
         widths = tuple(
-            _same_padding(*sizes) if padding.lower() == "same" else (0, 0)
+            same_padding(*sizes) if padding.lower() == "same" else (0, 0)
             for sizes in zip(spatial, window, strides, dilations)
         )
     elif isinstance(padding, str):
         raise ValueError(f"conv padding is 'same', 'valid' or ints, got {padding!r}")
     else:
-        widths = tuple((p, p) for p in _per_axis(padding, rank, "padding"))
+        widths = tuple((p, p) for p in per_axis(padding, rank, "padding"))
     padded = np.pad(xv, ((0, 0), *widths, (0, 0))) if np.any(widths) else xv
     out = _correlate(padded, kv, strides, dilations, groups)
 
@@ -183,9 +168,9 @@ def conv_transpose(
             "(*window, C_out, C_in)"
         )
     window = kv.shape[:rank]
-    strides, dilations = _per_axis(stride, rank, "stride"), _per_axis(dilation, rank, "dilation")
-    pads = _per_axis(padding, rank, "padding")
-    extra = _per_axis(output_padding, rank, "output_padding")
+    strides, dilations = per_axis(stride, rank, "stride"), per_axis(dilation, rank, "dilation")
+    pads = per_axis(padding, rank, "padding")
+    extra = per_axis(output_padding, rank, "output_padding")
     sizes = [
         (n - 1) * s - 2 * p + d * (k - 1) + e + 1
         for n, s, p, d, k, e in zip(spatial, strides, pads, dilations, window, extra)
@@ -210,9 +195,9 @@ def conv_transpose(
 def _pool_setup(x: Array, window: Pairish, stride: Pairish | None, padding: Pairish, fill: float):
     xv = value_of(x)
     rank = xv.ndim - 2
-    windows = _per_axis(window, rank, "window")
-    strides = windows if stride is None else _per_axis(stride, rank, "stride")
-    widths = tuple((p, p) for p in _per_axis(padding, rank, "padding"))
+    windows = per_axis(window, rank, "window")
+    strides = windows if stride is None else per_axis(stride, rank, "stride")
+    widths = tuple((p, p) for p in per_axis(padding, rank, "padding"))
     padded = np.pad(xv, ((0, 0), *widths, (0, 0)), constant_values=fill)
     return xv, windows, strides, widths, padded
 

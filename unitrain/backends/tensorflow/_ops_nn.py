@@ -21,15 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from unitrain.ops import Array, Pairish
-
-
-def _per_axis(value: Pairish, count: int, name: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,) * count
-    values = tuple(int(v) for v in value)
-    if len(values) != count:
-        raise ValueError(f"{name} needs one value per spatial axis ({count}), got {value!r}")
-    return values
+from unitrain.ops.windows import per_axis
 
 
 def _spatial_axes(x: Array) -> int:
@@ -68,15 +60,15 @@ def conv(
             f"{x.shape[-1]} channels and a kernel of shape {kernel.shape}"
         )
     lift = (1,) * (2 - count)  # the height of a 1-D image
-    strides = (1, *lift, *_per_axis(stride, count, "stride"), 1)
-    dilations = (1, *lift, *_per_axis(dilation, count, "dilation"), 1)
+    strides = (1, *lift, *per_axis(stride, count, "stride"), 1)
+    dilations = (1, *lift, *per_axis(dilation, count, "dilation"), 1)
     pads: str | tuple[tuple[int, int], ...]
     if isinstance(padding, str):
         if padding.lower() not in ("same", "valid"):
             raise ValueError(f'conv padding is "same", "valid" or ints, got {padding!r}')
         pads = padding.upper()
     else:
-        widths = tuple((p, p) for p in _per_axis(padding, count, "padding"))
+        widths = tuple((p, p) for p in per_axis(padding, count, "padding"))
         pads = ((0, 0), *((0, 0),) * len(lift), *widths, (0, 0))
     native = groups == 1 and max(dilations) == 1
     run = _conv2d if native else _conv2d_compiled
@@ -100,10 +92,10 @@ def conv_transpose(
     dilated one is compiled with XLA, as in ``conv``.
     """
     count = _spatial_axes(x)
-    strides = _per_axis(stride, count, "stride")
-    pads = _per_axis(padding, count, "padding")
-    extras = _per_axis(output_padding, count, "output_padding")
-    dilations = _per_axis(dilation, count, "dilation")
+    strides = per_axis(stride, count, "stride")
+    pads = per_axis(padding, count, "padding")
+    extras = per_axis(output_padding, count, "output_padding")
+    dilations = per_axis(dilation, count, "dilation")
     spatial = zip(x.shape[1:-1], kernel.shape[:count], strides, pads, extras, dilations)
     sizes = [(n - 1) * s - 2 * p + d * (k - 1) + 1 + e for n, k, s, p, e, d in spatial]
     beyond = [max(e - p, 0) for p, e in zip(pads, extras)]
@@ -147,9 +139,9 @@ def _pool_settings(
 ) -> tuple[tuple[int, ...], tuple[int, ...], list[list[int]] | None]:
     """The windows, strides and (when there is padding) the pad widths of a pooling."""
     count = _spatial_axes(x)
-    windows = _per_axis(window, count, "window")
-    strides = windows if stride is None else _per_axis(stride, count, "stride")
-    pads = _per_axis(padding, count, "padding")
+    windows = per_axis(window, count, "window")
+    strides = windows if stride is None else per_axis(stride, count, "stride")
+    pads = per_axis(padding, count, "padding")
     widths = [[0, 0], *[[p, p] for p in pads], [0, 0]] if any(pads) else None
     return windows, strides, widths
 

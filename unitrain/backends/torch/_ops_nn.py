@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from unitrain.ops import Array, Pairish
+from unitrain.ops.windows import per_axis, same_padding
 
 # Channels-last arrays are moved to torch's channels-first order with ``movedim``, a view: for
 # a contiguous NHWC input it is an NCHW tensor in torch's channels_last memory format, which
@@ -38,10 +39,6 @@ def _spatial_function(table: dict[int, Callable[..., Array]], x: Array, op: str)
     if function is None:
         raise ValueError(f"{op} takes 1 or 2 spatial axes, (N, *spatial, C); got shape {x.shape}")
     return function
-
-
-def _per_axis(value: Pairish, count: int) -> tuple[int, ...]:
-    return (value,) * count if isinstance(value, int) else tuple(value)
 
 
 def _torch_kernel(kernel: Array) -> Array:
@@ -69,13 +66,15 @@ def conv(
     inputs = x.movedim(-1, 1)
     if padding == "same":
         spatial = x.ndim - 2
-        strides, dilations = _per_axis(stride, spatial), _per_axis(dilation, spatial)
-        totals = [
-            max((math.ceil(n / s) - 1) * s + (k - 1) * d + 1 - n, 0)
+        strides, dilations = (
+            per_axis(stride, spatial, "stride"),
+            per_axis(dilation, spatial, "dilation"),
+        )
+        pads = [
+            same_padding(n, k, s, d)
             for n, k, s, d in zip(x.shape[1:-1], kernel.shape[:spatial], strides, dilations)
         ]
-        before = [total // 2 for total in totals]
-        after = [total - first for total, first in zip(totals, before)]
+        before, after = [b for b, _ in pads], [a for _, a in pads]
         if before == after:
             padding = tuple(before)
         else:
@@ -107,7 +106,7 @@ def max_pool(
     torch refuses, is added as -inf with ``F.pad`` instead."""
     function = _spatial_function(_MAX_POOL, x, "max_pool")
     inputs = x.movedim(-1, 1)
-    windows, pads = _per_axis(window, x.ndim - 2), _per_axis(padding, x.ndim - 2)
+    windows, pads = per_axis(window, x.ndim - 2, "window"), per_axis(padding, x.ndim - 2, "padding")
     if any(2 * p > w for p, w in zip(pads, windows)):
         inputs, pads = _pad_spatial(inputs, pads, pads, -math.inf), (0,) * len(pads)
     return function(inputs, windows, stride, pads).movedim(1, -1)
@@ -120,7 +119,7 @@ def avg_pool(
     the window (which torch refuses) the zero-padded sums are divided by pooled counts."""
     function = _spatial_function(_AVG_POOL, x, "avg_pool")
     inputs = x.movedim(-1, 1)
-    windows, pads = _per_axis(window, x.ndim - 2), _per_axis(padding, x.ndim - 2)
+    windows, pads = per_axis(window, x.ndim - 2, "window"), per_axis(padding, x.ndim - 2, "padding")
     if all(2 * p <= w for p, w in zip(pads, windows)):
         out = function(inputs, windows, stride, pads, count_include_pad=False)
         return out.movedim(1, -1)

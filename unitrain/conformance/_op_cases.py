@@ -260,6 +260,16 @@ OP_CASES: tuple[OpCase, ...] = (
         lambda ops, a, b: a @ b,
     ),
     _case(
+        "linear",
+        [("normal", (2, 3, 4)), ("normal", (4, 5)), ("normal", (5,))],
+        lambda ops, x, w, b: ops.linear(x, w, b),
+    ),
+    _case(
+        "linear.matrix-no-bias",
+        [("normal", (3, 4)), ("normal", (4, 5))],
+        lambda ops, x, w: ops.linear(x, w),
+    ),
+    _case(
         "matmul.vector", [("normal", (3, 4)), ("normal", (4,))], lambda ops, a, b: ops.matmul(a, b)
     ),
     _case(
@@ -337,6 +347,11 @@ OP_CASES: tuple[OpCase, ...] = (
         "conv.2d",
         [("normal", (N, 6, 5, C)), ("normal", (3, 2, C, 4))],
         lambda ops, x, k: ops.conv(x, k, padding=(1, 0)),
+    ),
+    _case(
+        "conv.2d-bias",
+        [("normal", (N, 6, 5, C)), ("normal", (3, 3, C, 4)), ("normal", (4,))],
+        lambda ops, x, k, b: ops.conv(x, k, stride=2, padding=1, bias=b),
     ),
     _case(
         "conv.2d-same-stride2",

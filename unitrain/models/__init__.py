@@ -49,6 +49,7 @@ from unitrain.models._basic import (
 from unitrain.models._conv import AvgPool2d, Conv2d, GlobalAvgPool, MaxPool2d
 from unitrain.models._mlp import ACTIVATIONS, MLP
 from unitrain.models._norm import BatchNorm, LayerNorm
+from unitrain.models._scope import Draw, Pass, Scope, apply
 from unitrain.models._sequence import (
     Embedding,
     MultiHeadAttention,
@@ -64,6 +65,7 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm",
     "Conv2d",
+    "Draw",
     "Dropout",
     "Embedding",
     "Flatten",
@@ -73,15 +75,18 @@ __all__ = [
     "Linear",
     "MaxPool2d",
     "MultiHeadAttention",
+    "Pass",
     "PositionalEmbedding",
     "ReLU",
     "Residual",
+    "Scope",
     "Sequential",
     "Shape",
     "SiLU",
     "Sigmoid",
     "Tanh",
     "TransformerBlock",
+    "apply",
     "model_from_dict",
     "model_from_json",
 ]

@@ -15,12 +15,15 @@ import json
 import math
 import numbers
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from unitrain._errors import ConfigError, DataError
 from unitrain._fields import TypeRegistry
+
+if TYPE_CHECKING:
+    from unitrain.models._scope import Scope
 
 __all__ = [
     "AbstractLayer",
@@ -81,6 +84,19 @@ class AbstractLayer(abc.ABC):
         """The initial own state in float64."""
         return {}
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        """The layer's computation, written in :mod:`unitrain.ops` (never a framework).
+
+        ``scope`` gives the layer its own parameters (``scope.param("weight")``) and state,
+        the mode (``scope.training``), dropout (``scope.dropout(x, p)``) and its children
+        (``scope.call("0", x)``); see :class:`unitrain.models.Scope`. Every backend runs this
+        one body, and its gradients come from the backend's own autodiff.
+        """
+        raise ConfigError(
+            f"{type(self).__name__} has no forward: a layer computes its output in "
+            "`forward(self, scope, x)`, written in unitrain.ops"
+        )
+
     @abc.abstractmethod
     def _output_shape(self, shape: Shape) -> Shape:
         """The output shape of one example of ``shape``; DataError (via :meth:`_refuse`) if
@@ -101,6 +117,14 @@ class AbstractLayer(abc.ABC):
             bool(getattr(layer, "p", 0.0) or getattr(layer, "dropout", 0.0))
             for _, layer in self.named_layers()
         )
+
+    def child(self, name: str) -> AbstractLayer | None:
+        """The child called ``name``, or None; looked up in a table made once per layer."""
+        table = self.__dict__.get("_children_by_name")
+        if table is None:
+            table = dict(self.children())
+            object.__setattr__(self, "_children_by_name", table)  # a cache, not a field
+        return table.get(name)
 
     def named_layers(self, prefix: str = "") -> Iterator[tuple[str, AbstractLayer]]:
         """Every layer of the tree with its dotted name, parents before children."""

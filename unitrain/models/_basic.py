@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
+from unitrain import ops
 from unitrain._errors import ConfigError, DataError
 from unitrain.models._base import (
     AbstractLayer,
@@ -16,6 +18,7 @@ from unitrain.models._base import (
     check_int,
     set_checked,
 )
+from unitrain.models._scope import Scope
 
 __all__ = [
     "GELU",
@@ -29,6 +32,7 @@ __all__ = [
     "Sigmoid",
     "Tanh",
     "chain_output_shape",
+    "run_children",
     "uniform_fan_in",
 ]
 
@@ -73,6 +77,9 @@ class Linear(AbstractLayer, type_name="linear"):
             name: uniform_fan_in(rng, shape, self.in_features) for name, shape in shapes.items()
         }
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.linear(x, scope.param("weight"), scope.param("bias"))
+
     def _output_shape(self, shape: Shape) -> Shape:
         if not shape or shape[-1] != self.in_features:
             raise self._refuse(shape, f"(..., {self.in_features})")
@@ -82,6 +89,9 @@ class Linear(AbstractLayer, type_name="linear"):
 @dataclasses.dataclass(frozen=True)
 class Flatten(AbstractLayer, type_name="flatten"):
     """Flatten each example to one axis, in channels-last order (``H, W, C`` for images)."""
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.reshape(x, (-1, math.prod(ops.shape(x)[1:])))
 
     def _output_shape(self, shape: Shape) -> Shape:
         return (math.prod(shape),)
@@ -103,12 +113,20 @@ class Dropout(AbstractLayer, type_name="dropout"):
             self, "p", check_float("Dropout", "p", self.p, low=0.0, high=1.0, rule="in [0, 1)")
         )
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return scope.dropout(x, self.p)
+
     def _output_shape(self, shape: Shape) -> Shape:
         return shape
 
 
 class _Activation(AbstractLayer):
-    """An elementwise function: the output has the input's shape."""
+    """An elementwise function of :mod:`unitrain.ops`: the output has the input's shape."""
+
+    function: ClassVar[Callable[[Any], Any]]
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return type(self).function(x)
 
     def _output_shape(self, shape: Shape) -> Shape:
         return shape
@@ -118,25 +136,35 @@ class _Activation(AbstractLayer):
 class ReLU(_Activation, type_name="relu"):
     """``max(x, 0)``; its gradient at 0 is 0, as in every framework."""
 
+    function = ops.relu
+
 
 @dataclasses.dataclass(frozen=True)
 class GELU(_Activation, type_name="gelu"):
     """``x * Phi(x)`` in the exact erf form (torch's default, not the tanh approximation)."""
+
+    function = ops.gelu
 
 
 @dataclasses.dataclass(frozen=True)
 class Tanh(_Activation, type_name="tanh"):
     """The hyperbolic tangent."""
 
+    function = ops.tanh
+
 
 @dataclasses.dataclass(frozen=True)
 class Sigmoid(_Activation, type_name="sigmoid"):
     """The logistic function ``1 / (1 + exp(-x))``."""
 
+    function = ops.sigmoid
+
 
 @dataclasses.dataclass(frozen=True)
 class SiLU(_Activation, type_name="silu"):
     """``x * sigmoid(x)`` (also called swish)."""
+
+    function = ops.silu
 
 
 def _check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
@@ -148,6 +176,13 @@ def _check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
                 f"{owner}: layers[{index}] must be a unitrain.models layer, got {layer!r}"
             )
     return tuple(layers)
+
+
+def run_children(owner: AbstractLayer, scope: Scope, x: Any) -> Any:
+    """Run ``owner``'s children one after the other on ``x`` (a chain's forward)."""
+    for name, _ in owner.children():
+        x = scope.call(name, x)
+    return x
 
 
 def chain_output_shape(owner: AbstractLayer, shape: Shape) -> Shape:
@@ -183,6 +218,9 @@ class Sequential(AbstractLayer, type_name="sequential"):
     def describe(self) -> str:
         return f"Sequential of {len(self.layers)} layers"
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return run_children(self, scope, x)
+
     def _output_shape(self, shape: Shape) -> Shape:
         return chain_output_shape(self, shape)
 
@@ -208,6 +246,9 @@ class Residual(AbstractLayer, type_name="residual"):
 
     def describe(self) -> str:
         return f"Residual of {len(self.layers)} layers"
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return x + run_children(self, scope, x)
 
     def _output_shape(self, shape: Shape) -> Shape:
         out = chain_output_shape(self, shape)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
+from unitrain import ops
 from unitrain.models._base import (
     AbstractLayer,
     Shape,
@@ -15,6 +17,7 @@ from unitrain.models._base import (
     set_checked,
 )
 from unitrain.models._basic import uniform_fan_in
+from unitrain.models._scope import Scope
 
 __all__ = ["AvgPool2d", "Conv2d", "GlobalAvgPool", "MaxPool2d", "window_output"]
 
@@ -84,6 +87,15 @@ class Conv2d(AbstractLayer, type_name="conv2d"):
         shapes = self.own_param_shapes()
         return {name: uniform_fan_in(rng, shape, self.fan_in) for name, shape in shapes.items()}
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.conv(
+            x,
+            scope.param("weight"),
+            as_pair(self.stride),
+            as_pair(self.padding),
+            bias=scope.param("bias"),
+        )
+
     def _output_shape(self, shape: Shape) -> Shape:
         height, width = _image_shape(self, shape, self.in_channels)
         sizes = [
@@ -134,6 +146,9 @@ class MaxPool2d(_Pool, type_name="max_pool2d"):
     kernel_size: tuple[int, int] | int
     stride: tuple[int, int] | int | None = None
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.max_pool(x, as_pair(self.kernel_size), as_pair(self.stride))
+
 
 @dataclasses.dataclass(frozen=True)
 class AvgPool2d(_Pool, type_name="avg_pool2d"):
@@ -142,10 +157,16 @@ class AvgPool2d(_Pool, type_name="avg_pool2d"):
     kernel_size: tuple[int, int] | int
     stride: tuple[int, int] | int | None = None
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.avg_pool(x, as_pair(self.kernel_size), as_pair(self.stride))
+
 
 @dataclasses.dataclass(frozen=True)
 class GlobalAvgPool(AbstractLayer, type_name="global_avg_pool"):
     """The mean over height and width: ``(H, W, C) -> (C,)``."""
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.mean(x, axis=(1, 2))
 
     def _output_shape(self, shape: Shape) -> Shape:
         _image_shape(self, shape, None)

@@ -10,11 +10,21 @@ written then still load:
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from unitrain._errors import ConfigError
 from unitrain.models._base import AbstractLayer, Shape
-from unitrain.models._basic import GELU, Dropout, Linear, ReLU, Sigmoid, Tanh, chain_output_shape
+from unitrain.models._basic import (
+    GELU,
+    Dropout,
+    Linear,
+    ReLU,
+    Sigmoid,
+    Tanh,
+    chain_output_shape,
+    run_children,
+)
+from unitrain.models._scope import Scope
 
 __all__ = ["ACTIVATIONS", "MLP"]
 
@@ -93,6 +103,9 @@ class MLP(AbstractLayer, type_name="mlp"):
                 if self.dropout:
                     kids.append((f"dropout.{i}", Dropout(self.dropout)))
         return tuple(kids)
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return run_children(self, scope, x)
 
     def _output_shape(self, shape: Shape) -> Shape:
         return chain_output_shape(self, shape)

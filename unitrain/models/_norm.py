@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
+from unitrain import ops
+from unitrain._errors import DataError
 from unitrain.models._base import AbstractLayer, Shape, check_float, check_int, set_checked
+from unitrain.models._scope import Scope
 
 __all__ = ["BatchNorm", "LayerNorm"]
+
+
+def wide(x: Any) -> Any:
+    """``x`` in float32 when it is bfloat16 or float16 (mixed precision), else unchanged.
+
+    Normalisation reduces in it and hands its output on in the input's own dtype, as torch's
+    autocast, Keras and Flax do: statistics taken in bfloat16 lose digits that the running
+    averages keep.
+    """
+    return ops.cast(x, "float32") if ops.dtype(x) in ("bfloat16", "float16") else x
+
+
+def scale_shift(scope: Scope, normalised: Any, low: str) -> Any:
+    """``normalised * weight + bias`` in ``normalised``'s dtype, handed on in ``low``."""
+    dtype = ops.dtype(normalised)
+    weight, bias = ops.cast(scope.param("weight"), dtype), ops.cast(scope.param("bias"), dtype)
+    return ops.cast(normalised * weight + bias, low)
 
 
 def _check_eps(owner: str, eps: object) -> float:
@@ -68,10 +89,44 @@ class BatchNorm(AbstractLayer, type_name="batch_norm"):
             "running_var": np.ones(self.num_features),
         }
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        low, x = ops.dtype(x), wide(x)
+        axes = tuple(range(len(ops.shape(x)) - 1))
+        if scope.training:
+            mean, var = ops.moments(x, axes)  # the biased variance: what the batch is scaled by
+            count = _values_per_channel(self, ops.shape(x))
+            _move(scope, "running_mean", mean, self.momentum)
+            _move(scope, "running_var", var * (count / (count - 1)), self.momentum)  # unbiased
+        else:
+            dtype = ops.dtype(x)
+            mean = ops.cast(scope.state("running_mean"), dtype)
+            var = ops.cast(scope.state("running_var"), dtype)
+        return scale_shift(scope, (x - mean) * ops.rsqrt(var + self.eps), low)
+
     def _output_shape(self, shape: Shape) -> Shape:
         if not shape or shape[-1] != self.num_features:
             raise self._refuse(shape, f"(..., {self.num_features})")
         return shape
+
+
+def _move(scope: Scope, name: str, batch: Any, momentum: float) -> None:
+    """Move running statistic ``name`` by ``momentum`` towards ``batch``, in its own dtype."""
+    old = scope.state(name)
+    moved = (1 - momentum) * ops.cast(old, ops.dtype(batch)) + momentum * batch
+    scope.set_state(name, ops.cast(moved, ops.dtype(old)))
+
+
+def _values_per_channel(layer: BatchNorm, shape: tuple[int, ...]) -> int:
+    """How many values a channel's batch statistics are taken over; at least two."""
+    count = 1
+    for size in shape[:-1]:
+        count *= size
+    if count < 2:
+        raise DataError(
+            f"BatchNorm({layer.num_features}) in train mode needs more than one value per "
+            f"channel, got input shape {tuple(shape)}; use a larger batch"
+        )
+    return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +150,11 @@ class LayerNorm(AbstractLayer, type_name="layer_norm"):
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        low, x = ops.dtype(x), wide(x)
+        mean, var = ops.moments(x, -1, keepdims=True)
+        return scale_shift(scope, (x - mean) * ops.rsqrt(var + self.eps), low)
 
     def _output_shape(self, shape: Shape) -> Shape:
         if not shape or shape[-1] != self.num_features:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
+from unitrain import ops
 from unitrain._errors import ConfigError
 from unitrain.models._base import AbstractLayer, Shape, check_float, check_int, set_checked
 from unitrain.models._basic import Linear
 from unitrain.models._norm import LayerNorm
+from unitrain.models._scope import Scope
 
 __all__ = ["Embedding", "MultiHeadAttention", "PositionalEmbedding", "TransformerBlock"]
 
@@ -45,6 +48,10 @@ class Embedding(AbstractLayer, type_name="embedding"):
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {"weight": rng.standard_normal((self.num_embeddings, self.dim))}
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        # Ids are range-checked on the host before they get here (check_input).
+        return ops.take(scope.param("weight"), x, axis=0)
+
     def _output_shape(self, shape: Shape) -> Shape:
         return (*shape, self.dim)
 
@@ -69,6 +76,9 @@ class PositionalEmbedding(AbstractLayer, type_name="positional_embedding"):
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {"weight": rng.standard_normal((self.max_len, self.dim))}
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return x + scope.param("weight")[: ops.shape(x)[1]]
 
     def _output_shape(self, shape: Shape) -> Shape:
         if len(shape) != 2 or shape[1] != self.dim or shape[0] > self.max_len:
@@ -125,6 +135,19 @@ class MultiHeadAttention(AbstractLayer, type_name="multi_head_attention"):
             params[f"{part}.bias"] = np.zeros(self.dim)
         return params
 
+    def forward(self, scope: Scope, x: Any) -> Any:
+        length, heads = ops.shape(x)[1], self.heads
+
+        def project(part: str) -> Any:  # (N, L, E) -> (N, H, L, Dh)
+            y = ops.linear(x, scope.param(f"{part}.weight"), scope.param(f"{part}.bias"))
+            return ops.transpose(ops.reshape(y, (-1, length, heads, self.head_dim)), (0, 2, 1, 3))
+
+        mixed = ops.scaled_dot_product_attention(
+            project("query"), project("key"), project("value"), causal=self.causal
+        )
+        mixed = ops.reshape(ops.transpose(mixed, (0, 2, 1, 3)), (-1, length, self.dim))
+        return ops.linear(mixed, scope.param("out.weight"), scope.param("out.bias"))
+
     def _output_shape(self, shape: Shape) -> Shape:
         if len(shape) != 2 or shape[1] != self.dim:
             raise self._refuse(shape, f"(length, {self.dim})")
@@ -170,6 +193,12 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
     @property
     def input_kind(self) -> str:
         return "float"
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        attended = scope.call("attention", scope.call("norm1", x))
+        x = x + scope.dropout(attended, self.dropout)
+        hidden = ops.gelu(scope.call("fc1", scope.call("norm2", x)))
+        return x + scope.dropout(scope.call("fc2", hidden), self.dropout)
 
     def _output_shape(self, shape: Shape) -> Shape:
         if len(shape) != 2 or shape[1] != self.dim:

@@ -409,6 +409,7 @@ from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where t
     avg_pool,
     conv,
     conv_transpose,
+    linear,
     log_softmax,
     max_pool,
     scaled_dot_product_attention,
@@ -429,7 +430,7 @@ CONTRACT = (
     "reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "concat", "stack",
     "split", "pad",
     "take", "take_along_axis", "one_hot",
-    "softmax", "log_softmax", "conv", "conv_transpose", "max_pool", "avg_pool",
+    "softmax", "log_softmax", "linear", "conv", "conv_transpose", "max_pool", "avg_pool",
     "scaled_dot_product_attention", "stop_gradient",
 )  # fmt: skip
 

@@ -20,6 +20,16 @@ def log_softmax(x: Array, axis: int = -1) -> Array:
     return active().log_softmax(x, axis)
 
 
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    """``x @ weight + bias`` over the last axis of ``x``; ``weight`` is ``(in, out)``.
+
+    One op rather than ``matmul`` and ``+``, so that a backend adds the bias inside the
+    product's kernel (torch's ``addmm``), and so that under torch's autocast the output stays
+    in the compute dtype (a float32 bias added after a bfloat16 product would promote it).
+    """
+    return active().linear(x, weight, bias)
+
+
 def conv(
     x: Array,
     kernel: Array,
@@ -27,6 +37,7 @@ def conv(
     padding: str | Pairish = 0,
     dilation: Pairish = 1,
     groups: int = 1,
+    bias: Array | None = None,
 ) -> Array:
     """Cross-correlation over 1 or 2 spatial axes, channels last.
 
@@ -34,9 +45,10 @@ def conv(
     ``padding`` is zeros on both sides (an int, or one int per spatial axis), ``"valid"``
     (none) or ``"same"``: the output has ``ceil(size / stride)`` positions and the padding
     that takes is split with the extra one after, TensorFlow's rule (torch allows "same"
-    only at stride 1; its symmetric padding gives other numbers at stride 2).
+    only at stride 1; its symmetric padding gives other numbers at stride 2). ``bias``
+    ``(C_out,)`` is added to every position, inside the kernel where the backend can.
     """
-    return active().conv(x, kernel, stride, padding, dilation, groups)
+    return active().conv(x, kernel, stride, padding, dilation, groups, bias)
 
 
 def conv_transpose(

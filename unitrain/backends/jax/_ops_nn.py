@@ -63,12 +63,13 @@ def conv(
     padding: str | Pairish = 0,
     dilation: Pairish = 1,
     groups: int = 1,
+    bias: Array | None = None,
 ) -> Array:
     n = _spatial_axes(x, _CONV_LAYOUTS)
     strides = per_axis(stride, n, "stride")
     dilations = per_axis(dilation, n, "dilation")
     pads = _conv_padding(padding, x.shape[1:-1], kernel.shape[:n], strides, dilations)
-    return lax.conv_general_dilated(
+    out = lax.conv_general_dilated(
         x,
         kernel,
         strides,
@@ -78,6 +79,12 @@ def conv(
         feature_group_count=groups,
         precision=_precision(),
     )
+    return out if bias is None else out + bias
+
+
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    out = jnp.matmul(x, weight, precision=_precision())
+    return out if bias is None else out + bias
 
 
 def conv_transpose(

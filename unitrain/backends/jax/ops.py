@@ -52,6 +52,7 @@ from unitrain.backends.jax._ops_nn import (  # noqa: F401  (re-exported)
     avg_pool,
     conv,
     conv_transpose,
+    linear,
     max_pool,
     scaled_dot_product_attention,
 )

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from unitrain.backends.numpy._ops_array import Tracked, matmul, multiply, record, value_of
+from unitrain.backends.numpy._ops_array import (
+    Tracked,
+    add,
+    matmul,
+    multiply,
+    record,
+    value_of,
+)
 from unitrain.backends.numpy._ops_reduce import masked_softmax, softmax
 from unitrain.backends.numpy._ops_shape import transpose
 from unitrain.ops import Array, Pairish
@@ -118,6 +125,7 @@ def conv(
     padding: str | Pairish = 0,
     dilation: Pairish = 1,
     groups: int = 1,
+    bias: Array | None = None,
 ) -> Array:
     xv, kv = value_of(x), value_of(kernel)
     rank, spatial = xv.ndim - 2, xv.shape[1:-1]
@@ -149,7 +157,13 @@ def conv(
             dk = _correlate_kernel_grad(padded, g, window, strides, dilations, groups)
         return dx, dk
 
-    return record(out, (x, kernel), vjp)
+    out = record(out, (x, kernel), vjp)
+    return out if bias is None else add(out, bias)
+
+
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    out = matmul(x, weight)
+    return out if bias is None else add(out, bias)
 
 
 def conv_transpose(

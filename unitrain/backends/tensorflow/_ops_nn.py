@@ -44,6 +44,7 @@ def conv(
     padding: str | Pairish = 0,
     dilation: Pairish = 1,
     groups: int = 1,
+    bias: Array | None = None,
 ) -> Array:
     """``tf.nn.conv2d`` (1-D as 2-D of height 1), the padding passed to the op.
 
@@ -73,7 +74,14 @@ def conv(
     native = groups == 1 and max(dilations) == 1
     run = _conv2d if native else _conv2d_compiled
     out = run(*_lifted(x, kernel, count), strides, pads, dilations)
-    return out[:, 0] if count == 1 else out
+    out = out[:, 0] if count == 1 else out
+    return out if bias is None else out + bias
+
+
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    """``tf.matmul`` on a matrix, ``tf.tensordot`` over the last axis of more axes."""
+    out = tf.matmul(x, weight) if x.shape.rank == 2 else tf.tensordot(x, weight, axes=1)
+    return out if bias is None else out + bias
 
 
 def conv_transpose(

@@ -37,6 +37,7 @@ from unitrain.backends.tensorflow._ops_nn import (  # noqa: F401  (re-exported)
     avg_pool,
     conv,
     conv_transpose,
+    linear,
     max_pool,
     scaled_dot_product_attention,
 )

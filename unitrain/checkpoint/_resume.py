@@ -73,13 +73,26 @@ def check_same_run(path: Path, info: dict[str, Any], mine: dict[str, dict[str, A
         theirs = _typed(info, what, dict, file, None)
         if theirs is not None and (
             theirs.get("type") != mine[what].get("type")
-            or (what == "model" and theirs != mine[what])
+            or (what == "model" and _current_form(theirs) != mine[what])
         ):
             raise CheckpointError(
                 f"{path}: written for {what} {theirs!r:.300}, but this run uses {mine[what]}; "
                 f"resume with the same {what}, or start a new run"
             )
     _typed(info, "config", dict, file, {})
+
+
+def _current_form(model: dict[str, Any]) -> dict[str, Any]:
+    """A model description as this version writes it: a layer that gained an option since
+    the checkpoint was written (``bias``, ``dilation``, ...) writes its default now, and the
+    checkpoint's description, without it, is the same model. Anything that does not rebuild
+    (a native model's description, a layer from a package not imported) is compared as is."""
+    from unitrain.models import model_from_dict
+
+    try:
+        return model_from_dict(model).to_dict()
+    except Exception:  # not a portable description (a native model): compare the raw dicts
+        return model
 
 
 def warn_other_settings(

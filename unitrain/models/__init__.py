@@ -46,9 +46,16 @@ from unitrain.models._basic import (
     SiLU,
     Tanh,
 )
+from unitrain.models._concatenate import Concatenate
 from unitrain.models._conv import AvgPool2d, Conv2d, GlobalAvgPool, MaxPool2d
+from unitrain.models._conv1d import Conv1d
+from unitrain.models._conv_transpose import ConvTranspose2d
+from unitrain.models._gated_mlp import GatedMLP
+from unitrain.models._group_norm import GroupNorm
 from unitrain.models._mlp import ACTIVATIONS, MLP
 from unitrain.models._norm import BatchNorm, LayerNorm
+from unitrain.models._reshape import Identity, Reshape, Upsample
+from unitrain.models._rms_norm import RMSNorm
 from unitrain.models._scope import Draw, Pass, Scope, apply
 from unitrain.models._sequence import (
     Embedding,
@@ -56,8 +63,19 @@ from unitrain.models._sequence import (
     PositionalEmbedding,
     TransformerBlock,
 )
+from unitrain.models._sinusoidal import SinusoidalPositionalEmbedding
 
 __all__ = [
+    "SinusoidalPositionalEmbedding",
+    "RMSNorm",
+    "Upsample",
+    "Reshape",
+    "Identity",
+    "GroupNorm",
+    "GatedMLP",
+    "ConvTranspose2d",
+    "Conv1d",
+    "Concatenate",
     "ACTIVATIONS",
     "GELU",
     "MLP",

@@ -21,6 +21,7 @@ from unitrain.models._base import (
 from unitrain.models._scope import Scope
 
 __all__ = [
+    "ACTIVATION_LAYERS",
     "GELU",
     "Dropout",
     "Flatten",
@@ -31,7 +32,10 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "activation_function",
     "chain_output_shape",
+    "check_bool",
+    "check_layers",
     "run_children",
     "uniform_fan_in",
 ]
@@ -53,6 +57,7 @@ class Linear(AbstractLayer, type_name="linear"):
     Args:
         in_features: width of the last input axis.
         out_features: width of the last output axis.
+        bias: whether ``bias`` is added (``False``: ``y = x @ weight``).
 
     Examples:
         >>> Linear(3, 2).param_shapes()
@@ -63,13 +68,18 @@ class Linear(AbstractLayer, type_name="linear"):
 
     in_features: int
     out_features: int
+    bias: bool = True
 
     def __post_init__(self) -> None:
         set_checked(self, "in_features", check_int("Linear", "in_features", self.in_features))
         set_checked(self, "out_features", check_int("Linear", "out_features", self.out_features))
+        check_bool("Linear", "bias", self.bias)
 
     def own_param_shapes(self) -> dict[str, Shape]:
-        return {"weight": (self.in_features, self.out_features), "bias": (self.out_features,)}
+        shapes: dict[str, Shape] = {"weight": (self.in_features, self.out_features)}
+        if self.bias:
+            shapes["bias"] = (self.out_features,)
+        return shapes
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         shapes = self.own_param_shapes()
@@ -78,7 +88,7 @@ class Linear(AbstractLayer, type_name="linear"):
         }
 
     def forward(self, scope: Scope, x: Any) -> Any:
-        return ops.linear(x, scope.param("weight"), scope.param("bias"))
+        return ops.linear(x, scope.param("weight"), scope.param("bias") if self.bias else None)
 
     def _output_shape(self, shape: Shape) -> Shape:
         if not shape or shape[-1] != self.in_features:
@@ -167,7 +177,34 @@ class SiLU(_Activation, type_name="silu"):
     function = ops.silu
 
 
-def _check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
+#: The activation layers by the names MLP, TransformerBlock and GatedMLP take.
+ACTIVATION_LAYERS: dict[str, type[AbstractLayer]] = {
+    "relu": ReLU,
+    "tanh": Tanh,
+    "gelu": GELU,
+    "sigmoid": Sigmoid,
+    "silu": SiLU,
+}
+
+
+def activation_function(owner: str, name: object) -> Callable[[Any], Any]:
+    """The :mod:`unitrain.ops` function of activation ``name``; ConfigError if unknown."""
+    layer = ACTIVATION_LAYERS.get(name) if isinstance(name, str) else None
+    if layer is None:
+        raise ConfigError(
+            f"{owner}: unknown activation {name!r}; choose one of {tuple(ACTIVATION_LAYERS)}"
+        )
+    return layer.function  # type: ignore[attr-defined]
+
+
+def check_bool(owner: str, name: str, value: object) -> bool:
+    """``value`` if it is a bool; ConfigError otherwise."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}: {name} must be true or false, got {name}={value!r}")
+    return value
+
+
+def check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
     if isinstance(layers, AbstractLayer) or not isinstance(layers, Sequence) or not layers:
         raise ConfigError(f"{owner}: layers must be a non-empty list of layers, got {layers!r}")
     for index, layer in enumerate(layers):
@@ -210,7 +247,7 @@ class Sequential(AbstractLayer, type_name="sequential"):
     layers: tuple[AbstractLayer, ...]
 
     def __post_init__(self) -> None:
-        set_checked(self, "layers", _check_layers("Sequential", self.layers))
+        set_checked(self, "layers", check_layers("Sequential", self.layers))
 
     def children(self) -> tuple[tuple[str, AbstractLayer], ...]:
         return tuple((str(i), layer) for i, layer in enumerate(self.layers))
@@ -235,7 +272,7 @@ class Residual(AbstractLayer, type_name="residual"):
     layers: tuple[AbstractLayer, ...]
 
     def __post_init__(self) -> None:
-        set_checked(self, "layers", _check_layers("Residual", self.layers))
+        set_checked(self, "layers", check_layers("Residual", self.layers))
 
     def children(self) -> tuple[tuple[str, AbstractLayer], ...]:
         return tuple((str(i), layer) for i, layer in enumerate(self.layers))

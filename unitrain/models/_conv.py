@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import numpy as np
 
 from unitrain import ops
+from unitrain._errors import ConfigError
 from unitrain.models._base import (
     AbstractLayer,
     Shape,
@@ -22,9 +24,9 @@ from unitrain.models._scope import Scope
 __all__ = ["AvgPool2d", "Conv2d", "GlobalAvgPool", "MaxPool2d", "window_output"]
 
 
-def window_output(size: int, kernel: int, stride: int, padding: int = 0) -> int:
-    """Output length of a sliding window (no dilation, floor mode), or 0 if none fits."""
-    span = size + 2 * padding - kernel
+def window_output(size: int, kernel: int, stride: int, padding: int = 0, dilation: int = 1) -> int:
+    """Output length of a sliding window (floor mode), or 0 if none fits."""
+    span = size + 2 * padding - dilation * (kernel - 1) - 1
     return span // stride + 1 if span >= 0 else 0
 
 
@@ -34,54 +36,74 @@ def _image_shape(layer: AbstractLayer, shape: Shape, channels: int | None) -> tu
     return shape[0], shape[1]
 
 
-@dataclasses.dataclass(frozen=True)
-class Conv2d(AbstractLayer, type_name="conv2d"):
-    """2-D cross-correlation with kernel ``(kh, kw, in_channels, out_channels)`` and a bias.
+def _check_padding(owner: str, padding: object, rank: int) -> str | tuple[int, ...]:
+    if isinstance(padding, str):
+        if padding.lower() in ("same", "valid"):
+            return padding.lower()
+        raise ConfigError(f'{owner}: padding must be ints, "same" or "valid", got {padding!r}')
+    return _check_per_axis(owner, "padding", padding, rank, minimum=0)
 
-    Padding is explicit zeros on every side (``padding`` rows above and below, columns left
-    and right): TensorFlow's "SAME" pads asymmetrically when the stride is 2, which gives the
-    same output shape but other numbers, so it is not offered.
 
-    Args:
-        in_channels: channels of the input (its last axis).
-        out_channels: channels of the output.
-        kernel_size: int or ``(kh, kw)``.
-        stride: int or ``(sh, sw)``.
-        padding: int or ``(ph, pw)``, zeros added on both sides.
+def _check_per_axis(
+    owner: str, name: str, value: object, rank: int, minimum: int = 1
+) -> tuple[int, ...]:
+    """One int per spatial axis: an int, or (for Conv1d) a list of one, as JSON gives back."""
+    if rank == 2:
+        return check_pair(owner, name, value, minimum=minimum)
+    if isinstance(value, (tuple, list)) and len(value) == 1:
+        value = value[0]
+    return (check_int(owner, name, value, minimum=minimum),)
 
-    Examples:
-        >>> conv = Conv2d(1, 6, kernel_size=3, padding=1)
-        >>> conv.param_shapes()
-        {'weight': (3, 3, 1, 6), 'bias': (6,)}
-        >>> conv.output_shape((8, 8, 1))
-        (8, 8, 6)
+
+class _Conv(AbstractLayer):
+    """A cross-correlation over ``rank`` spatial axes, channels last, with an optional bias.
+
+    Kernels are ``(*window, in_channels // groups, out_channels)``. Padding is zeros on both
+    sides (one int, or one per axis), ``"valid"`` (none), or ``"same"``: ``ceil(size /
+    stride)`` outputs with the padding that takes split as TensorFlow splits it, the odd one
+    after (at stride 2 torch's symmetric padding gives other numbers, so torch refuses "same"
+    there and unitrain computes TensorFlow's on every backend).
     """
 
+    rank: ClassVar[int]
     in_channels: int
     out_channels: int
-    kernel_size: tuple[int, int] | int
-    stride: tuple[int, int] | int = 1
-    padding: tuple[int, int] | int = 0
+    kernel_size: Any
+    stride: Any
+    padding: Any
+    dilation: Any
+    groups: int
+    bias: bool
 
     def __post_init__(self) -> None:
-        set_checked(self, "in_channels", check_int("Conv2d", "in_channels", self.in_channels))
-        set_checked(self, "out_channels", check_int("Conv2d", "out_channels", self.out_channels))
-        set_checked(self, "kernel_size", check_pair("Conv2d", "kernel_size", self.kernel_size))
-        set_checked(self, "stride", check_pair("Conv2d", "stride", self.stride))
-        set_checked(self, "padding", check_pair("Conv2d", "padding", self.padding, minimum=0))
+        owner, rank = type(self).__name__, self.rank
+        set_checked(self, "in_channels", check_int(owner, "in_channels", self.in_channels))
+        set_checked(self, "out_channels", check_int(owner, "out_channels", self.out_channels))
+        for name in ("kernel_size", "stride", "dilation"):
+            set_checked(self, name, _check_per_axis(owner, name, getattr(self, name), rank))
+        set_checked(self, "padding", _check_padding(owner, self.padding, rank))
+        set_checked(self, "groups", check_int(owner, "groups", self.groups))
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ConfigError(
+                f"{owner}: in_channels and out_channels must be multiples of groups, got "
+                f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
+                f"groups={self.groups}"
+            )
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"{owner}: bias must be a bool, got {self.bias!r}")
 
     @property
     def fan_in(self) -> int:
-        """Inputs read by one output value: ``kh * kw * in_channels``."""
-        kh, kw = as_pair(self.kernel_size)
-        return kh * kw * self.in_channels
+        """Inputs read by one output value: the window's size times ``in_channels // groups``."""
+        return math.prod(self.kernel_size) * (self.in_channels // self.groups)
 
     def own_param_shapes(self) -> dict[str, Shape]:
-        kh, kw = as_pair(self.kernel_size)
-        return {
-            "weight": (kh, kw, self.in_channels, self.out_channels),
-            "bias": (self.out_channels,),
+        shapes: dict[str, Shape] = {
+            "weight": (*self.kernel_size, self.in_channels // self.groups, self.out_channels)
         }
+        if self.bias:
+            shapes["bias"] = (self.out_channels,)
+        return shapes
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         shapes = self.own_param_shapes()
@@ -91,25 +113,65 @@ class Conv2d(AbstractLayer, type_name="conv2d"):
         return ops.conv(
             x,
             scope.param("weight"),
-            as_pair(self.stride),
-            as_pair(self.padding),
-            bias=scope.param("bias"),
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            bias=scope.param("bias") if self.bias else None,
         )
 
     def _output_shape(self, shape: Shape) -> Shape:
-        height, width = _image_shape(self, shape, self.in_channels)
-        sizes = [
-            window_output(size, k, s, p)
-            for size, k, s, p in zip(
-                (height, width),
-                as_pair(self.kernel_size),
-                as_pair(self.stride),
-                as_pair(self.padding),
-            )
-        ]
+        if len(shape) != self.rank + 1 or shape[-1] != self.in_channels:
+            axes = ", ".join(("length",) if self.rank == 1 else ("height", "width"))
+            raise self._refuse(shape, f"({axes}, {self.in_channels})")
+        sizes = []
+        for axis, size in enumerate(shape[:-1]):
+            kernel, stride = self.kernel_size[axis], self.stride[axis]
+            dilation = self.dilation[axis]
+            if self.padding == "same":
+                sizes.append(-(-size // stride))
+                continue
+            padding = 0 if self.padding == "valid" else self.padding[axis]
+            sizes.append(window_output(size, kernel, stride, padding, dilation))
         if 0 in sizes:
             raise self._refuse(shape, f"at least the kernel {self.kernel_size} after padding")
-        return (sizes[0], sizes[1], self.out_channels)
+        return (*sizes, self.out_channels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Conv2d(_Conv, type_name="conv2d"):
+    """2-D cross-correlation, kernel ``(kh, kw, in_channels // groups, out_channels)``.
+
+    Args:
+        in_channels: channels of the input (its last axis).
+        out_channels: channels of the output.
+        kernel_size: int or ``(kh, kw)``.
+        stride: int or ``(sh, sw)``.
+        padding: int or ``(ph, pw)`` zeros on both sides, ``"valid"`` or ``"same"``
+            (TensorFlow's rule: the odd row or column of padding goes after).
+        dilation: int or ``(dh, dw)``: the spacing of the kernel's taps.
+        groups: split the channels into this many independent convolutions.
+        bias: whether a bias ``(out_channels,)`` is added.
+
+    Examples:
+        >>> conv = Conv2d(1, 6, kernel_size=3, padding=1)
+        >>> conv.param_shapes()
+        {'weight': (3, 3, 1, 6), 'bias': (6,)}
+        >>> conv.output_shape((8, 8, 1))
+        (8, 8, 6)
+        >>> Conv2d(1, 6, 3, stride=2, padding="same").output_shape((7, 7, 1))
+        (4, 4, 6)
+    """
+
+    rank: ClassVar[int] = 2
+    in_channels: int
+    out_channels: int
+    kernel_size: tuple[int, int] | int
+    stride: tuple[int, int] | int = 1
+    padding: tuple[int, int] | int | str = 0
+    dilation: tuple[int, int] | int = 1
+    groups: int = 1
+    bias: bool = True
 
 
 class _Pool(AbstractLayer):

@@ -15,12 +15,9 @@ from typing import Any, ClassVar
 from unitrain._errors import ConfigError
 from unitrain.models._base import AbstractLayer, Shape
 from unitrain.models._basic import (
-    GELU,
+    ACTIVATION_LAYERS,
     Dropout,
     Linear,
-    ReLU,
-    Sigmoid,
-    Tanh,
     chain_output_shape,
     run_children,
 )
@@ -29,12 +26,7 @@ from unitrain.models._scope import Scope
 __all__ = ["ACTIVATIONS", "MLP"]
 
 #: Hidden-layer activations of :class:`MLP`, and the layers that compute them.
-_ACTIVATION_LAYERS: dict[str, type[AbstractLayer]] = {
-    "relu": ReLU,
-    "tanh": Tanh,
-    "gelu": GELU,
-    "sigmoid": Sigmoid,
-}
+_ACTIVATION_LAYERS = ACTIVATION_LAYERS
 ACTIVATIONS = tuple(_ACTIVATION_LAYERS)
 
 

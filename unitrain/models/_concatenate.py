@@ -55,11 +55,14 @@ class Concatenate(AbstractLayer, type_name="concatenate"):
             except DataError as error:
                 raise DataError(f"Concatenate branch {name}: {error}") from None
         rank = len(shapes[0])
-        if not -rank <= self.axis < rank or any(len(s) != rank for s in shapes):
-            raise self._refuse(shape, f"for which every branch gives {rank} axes, axis in range")
+        if not -rank <= self.axis < rank:
+            raise DataError(
+                f"{self.describe()}: axis {self.axis} is outside the branches' outputs "
+                f"{shapes}; choose an axis in [{-rank}, {rank})"
+            )
         axis = self.axis % rank
         rest = {s[:axis] + s[axis + 1 :] for s in shapes}
-        if len(rest) != 1:
+        if len(rest) != 1 or any(len(s) != rank for s in shapes):
             raise DataError(
                 f"{self.describe()}: the branches' outputs {shapes} differ on axes other than "
                 f"axis {self.axis}; make them agree there"

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from unitrain._errors import ConfigError
+from unitrain.models import init
 from unitrain.models._base import AbstractLayer, InputCheck, Shape, layer_from_dict
 from unitrain.models._basic import (
     GELU,
@@ -64,8 +65,11 @@ from unitrain.models._sequence import (
     TransformerBlock,
 )
 from unitrain.models._sinusoidal import SinusoidalPositionalEmbedding
+from unitrain.models.init import Initialized
 
 __all__ = [
+    "Initialized",
+    "init",
     "SinusoidalPositionalEmbedding",
     "RMSNorm",
     "Upsample",

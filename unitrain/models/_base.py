@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import fnmatch
 import json
 import math
 import numbers
@@ -130,7 +131,7 @@ class AbstractLayer(abc.ABC):
         """Every layer of the tree with its dotted name, parents before children."""
         yield prefix, self
         for name, child in self.children():
-            yield from child.named_layers(f"{prefix}.{name}" if prefix else name)
+            yield from child.named_layers(_join(prefix, name))
 
     def param_shapes(self) -> dict[str, Shape]:
         """Canonical parameter names and shapes, in the order the layers run."""
@@ -159,7 +160,19 @@ class AbstractLayer(abc.ABC):
         for prefix, layer in self.named_layers():
             for name, value in layer._init_own_params(rng).items():
                 params[_join(prefix, name)] = value.astype(dtype)
+        from unitrain.models.init import rule_stream
+
+        for prefix, layer in self.named_layers():  # outer rules first: inner ones win
+            for pattern, rule in layer.init_rules():
+                for name in fnmatch.filter(params, _join(prefix, pattern)):
+                    shape = params[name].shape
+                    params[name] = rule.draw(rule_stream(seed, name), shape).astype(dtype)
         return params
+
+    def init_rules(self) -> Iterator[tuple[str, Any]]:
+        """``(pattern, initializer)`` rules for the parameters below this layer (see
+        :class:`unitrain.models.Initialized`); none for other layers."""
+        return iter(())
 
     def init_state(self, dtype: Any = np.float32) -> dict[str, np.ndarray]:
         """The initial model state under canonical names, in ``dtype``."""
@@ -209,6 +222,11 @@ class AbstractLayer(abc.ABC):
             f"got {shape}; reshape the data or change the layer"
         )
 
+    @classmethod
+    def field_from_plain(cls, name: str, value: Any) -> Any:
+        """Field ``name`` rebuilt from its JSON form: nested dicts are layers, lists tuples."""
+        return _from_plain(value)
+
     def to_dict(self) -> dict[str, Any]:
         """Return ``{"type": type_name, **args}`` with JSON types only; children nest."""
         out: dict[str, Any] = {"type": self.type_name}
@@ -246,6 +264,8 @@ class InputCheck:
 
 
 def _join(prefix: str, name: str) -> str:
+    if not name:  # a transparent child (Initialized) shares its parent's names
+        return prefix
     return f"{prefix}.{name}" if prefix else name
 
 
@@ -287,7 +307,7 @@ def layer_from_dict(data: Mapping[str, Any]) -> AbstractLayer:
         ConfigError: the type is unknown, a field is missing or unknown, or a value is bad.
     """
     cls, fields = _REGISTRY.lookup(data, "model_from_dict")
-    return cls(**{key: _from_plain(value) for key, value in fields.items()})
+    return cls(**{key: cls.field_from_plain(key, value) for key, value in fields.items()})
 
 
 # Argument checks. Each returns the value normalised to a plain Python type, so that to_dict

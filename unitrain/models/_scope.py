@@ -114,8 +114,8 @@ class Scope:
     def child(self, name: str) -> Scope:
         """The scope of child ``name`` (as :meth:`AbstractLayer.children` names it)."""
         layer = self.layer.child(name)
-        if layer is not None:
-            return Scope(layer, self._pass, self.name(name))
+        if layer is not None:  # a child named "" is transparent: it shares this prefix
+            return Scope(layer, self._pass, self.name(name) if name else self._prefix)
         names = [local for local, _ in self.layer.children()]
         raise ConfigError(f"{self.layer.describe()} has no child {name!r}; its children: {names}")
 

@@ -260,6 +260,11 @@ OP_CASES: tuple[OpCase, ...] = (
         lambda ops, a, b: a @ b,
     ),
     _case(
+        "scan",
+        [("normal", (3, 4)), ("normal", (5, 3, 4)), ("normal", (4, 4))],
+        lambda ops, h, xs, w: ops.scan(lambda c, x: (ops.tanh(c @ w + x), c * x), h, xs),
+    ),
+    _case(
         "linear",
         [("normal", (2, 3, 4)), ("normal", (4, 5)), ("normal", (5,))],
         lambda ops, x, w, b: ops.linear(x, w, b),

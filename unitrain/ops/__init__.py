@@ -416,6 +416,7 @@ from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where t
     softmax,
     stop_gradient,
 )
+from unitrain.ops._scan import scan  # noqa: E402, F401 - re-exported
 
 #: Every function of the contract, the names each backend's ops module defines.
 CONTRACT = (
@@ -431,7 +432,7 @@ CONTRACT = (
     "split", "pad",
     "take", "take_along_axis", "one_hot",
     "softmax", "log_softmax", "linear", "conv", "conv_transpose", "max_pool", "avg_pool",
-    "scaled_dot_product_attention", "stop_gradient",
+    "scaled_dot_product_attention", "stop_gradient", "scan",
 )  # fmt: skip
 
 __all__ = ["CONTRACT", "active", "using", *CONTRACT]

@@ -224,3 +224,12 @@ def vjp(
         return gradients
 
     return [np.asarray(value_of(o)) for o in outputs], pullback
+
+
+def scan(step: Any, init: Any, xs: Any) -> Any:
+    """The contract's loop, step by step (this backend runs eagerly)."""
+    import sys
+
+    from unitrain.ops._scan import loop_scan
+
+    return loop_scan(step, init, xs, sys.modules[__name__])

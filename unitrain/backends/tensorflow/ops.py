@@ -480,3 +480,12 @@ def vjp(
         return [tf.convert_to_tensor(g) for g in grads]
 
     return outputs, pullback
+
+
+def scan(step: Any, init: Any, xs: Any) -> Any:
+    """The contract's loop, step by step (this backend runs eagerly)."""
+    import sys
+
+    from unitrain.ops._scan import loop_scan
+
+    return loop_scan(step, init, xs, sys.modules[__name__])

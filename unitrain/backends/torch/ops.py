@@ -482,3 +482,12 @@ def log_softmax(x: Array, axis: int = -1) -> Array:
 
 def stop_gradient(x: Array) -> Array:
     return x.detach()
+
+
+def scan(step: Any, init: Any, xs: Any) -> Any:
+    """The contract's loop, step by step (this backend runs eagerly)."""
+    import sys
+
+    from unitrain.ops._scan import loop_scan
+
+    return loop_scan(step, init, xs, sys.modules[__name__])

@@ -230,3 +230,52 @@ def test_a_checkpoint_written_before_the_new_options_still_resumes(tmp_path):
     info["model"]["layers"][0]["out_channels"] = 3
     with pytest.raises(Exception, match="written for model"):
         _resume.check_same_run(tmp_path, info, mine)
+
+
+def _torch_recurrent(kind, layer, params):
+    """torch's own LSTM or GRU holding ``params`` (canonical layout: transposed weights)."""
+    module = getattr(torch.nn, kind)(layer.input_size, layer.hidden_size, batch_first=True)
+    module = module.double()
+    with torch.no_grad():
+        module.weight_ih_l0.copy_(torch.from_numpy(params["weight_ih"].T))
+        module.weight_hh_l0.copy_(torch.from_numpy(params["weight_hh"].T))
+        if kind == "LSTM":  # one canonical bias is torch's two summed
+            module.bias_ih_l0.copy_(torch.from_numpy(params["bias"]))
+            module.bias_hh_l0.zero_()
+        else:
+            module.bias_ih_l0.copy_(torch.from_numpy(params["bias_ih"]))
+            module.bias_hh_l0.copy_(torch.from_numpy(params["bias_hh"]))
+    return module
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_recurrent_layers_are_torchs(kind):
+    from unitrain import models
+
+    layer = getattr(models, kind)(3, 5)
+    params = layer.init_params(4, np.float64)
+    x = rng.standard_normal((2, 7, 3))
+    want, _ = _torch_recurrent(kind, layer, params)(torch.from_numpy(x))
+    np.testing.assert_allclose(forward(layer, x, params), want.detach().numpy(), atol=1e-12)
+    last = getattr(models, kind)(3, 5, return_sequences=False)
+    np.testing.assert_allclose(forward(last, x, params), want[:, -1].detach().numpy(), atol=1e-12)
+
+
+def test_a_stateful_lstm_carries_its_state_across_train_batches_only():
+    from unitrain.models import LSTM
+
+    layer = LSTM(2, 3, batch_size=2)
+    params = layer.init_params(0, np.float64)
+    first, second = rng.standard_normal((2, 4, 2)), rng.standard_normal((2, 4, 2))
+    with ops.using("numpy"):
+        state = layer.init_state(np.float64)
+        _, moved = apply(layer, first, Pass(params, state, training=True))
+        carried, _ = apply(layer, second, Pass(params, moved, training=True))
+        fresh, _ = apply(layer, second, Pass(params, state, training=True))
+        _, unmoved = apply(layer, second, Pass(params, moved, training=False))
+    whole = forward(LSTM(2, 3), np.concatenate([first, second], axis=1), params)
+    np.testing.assert_allclose(np.asarray(carried), whole[:, 4:], atol=1e-12)
+    assert not np.allclose(np.asarray(carried), np.asarray(fresh))
+    assert all(np.array_equal(unmoved[k], moved[k]) for k in moved)  # eval reads, never moves
+    with pytest.raises(ConfigError, match="stateful for batches of 2"):
+        forward(layer, rng.standard_normal((3, 4, 2)), params)

@@ -55,6 +55,7 @@ from unitrain.models._gated_mlp import GatedMLP
 from unitrain.models._group_norm import GroupNorm
 from unitrain.models._mlp import ACTIVATIONS, MLP
 from unitrain.models._norm import BatchNorm, LayerNorm
+from unitrain.models._recurrent import GRU, LSTM
 from unitrain.models._reshape import Identity, Reshape, Upsample
 from unitrain.models._rms_norm import RMSNorm
 from unitrain.models._scope import Draw, Pass, Scope, apply
@@ -68,6 +69,8 @@ from unitrain.models._sinusoidal import SinusoidalPositionalEmbedding
 from unitrain.models.init import Initialized
 
 __all__ = [
+    "GRU",
+    "LSTM",
     "Initialized",
     "init",
     "SinusoidalPositionalEmbedding",

@@ -15,45 +15,41 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from unitrain import optim
+from unitrain import ops, optim
 from unitrain.backends.numpy import NumpyBackend
-from unitrain.backends.numpy.layers import Run, _DropoutNode
 from unitrain.backends.protocol import Capabilities
 from unitrain.callbacks import EarlyStopping, LRMonitor, ModelCheckpoint
+from unitrain.models import Pass, Scope
 
 
-class _VariantDropoutNode(_DropoutNode):
-    """The reference's dropout layer with its rate and scaling asked of the backend."""
+class _VariantScope(Scope):
+    """The core's scope with the dropout rate and scaling asked of the backend (``owner``).
 
-    owner: _DropoutVariant
+    Every scope of the pass is one of these (``child`` makes its own kind), so the fault
+    reaches every dropout of the model, Dropout layers and a Transformer block's alike.
+    """
 
-    def forward(self, x: np.ndarray, run: Run) -> np.ndarray:
-        self.mask = None
-        if not (run.train and self.spec.p):
+    __slots__ = ()
+    owner: ClassVar[_DropoutVariant]
+
+    def child(self, name: str) -> Scope:
+        return type(self)(super().child(name).layer, self._pass, self.name(name))
+
+    def dropout(self, x: Any, p: float) -> Any:
+        if not (self.training and p):
             return x
-        keep = self.owner.keep_probability(self.spec.p)
-        draw = run.dropout_rng().random(x.shape)
-        self.mask = ((draw < keep) * self.owner.kept_scale(keep)).astype(x.dtype)
-        return x * self.mask
+        keep = self.owner.keep_probability(p)
+        dtype = np.dtype(ops.dtype(x))
+        draw = self._pass.draw(ops.shape(x), dtype.name)
+        return x * ((draw < keep) * self.owner.kept_scale(keep)).astype(dtype)
 
 
 class _DropoutVariant(NumpyBackend):
-    """The reference's forward pass with the dropout details left to three hooks."""
+    """The reference's forward pass with the dropout details left to two hooks."""
 
     def __init__(self, model: Any, options: Any = None) -> None:
         super().__init__(model, options)
-        self._adopt(self._root)
-
-    def _adopt(self, node: Any) -> None:
-        for child in getattr(node, "nodes", ()):
-            self._adopt(child)
-        if isinstance(node, _DropoutNode):
-            node.__class__ = _VariantDropoutNode
-            node.owner = self
-
-    def mask_seed(self) -> list[int]:
-        """The seed of this forward's masks (the protocol: seed, step, micro-batch)."""
-        return [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+        self._scope = type("OwnedScope", (_VariantScope,), {"__slots__": (), "owner": self})
 
     def keep_probability(self, p: float) -> float:
         return 1.0 - p
@@ -61,27 +57,26 @@ class _DropoutVariant(NumpyBackend):
     def kept_scale(self, keep: float) -> float:
         return 1.0 / keep
 
-    def _run(self, x: Any, train: bool) -> np.ndarray:
-        self._input_check(x)
-        seed = self.mask_seed()
-        run = Run(self.params, self.model_state, self.grads, train=train, dropout_seed=seed)
-        return self._root.forward(np.asarray(x, self.dtype), run)
+    def _apply(self, x: Any, run: Pass) -> tuple[Any, dict[str, Any]]:
+        with ops.using(self.ops):
+            out = self.model.forward(self._scope(self.model, run), x)
+        return out, {**run.state, **run.new_state}
 
 
 # -- dropout --------------------------------------------------------------------------------
 
 
-class MaskFixedAcrossUpdates(_DropoutVariant):
+class MaskFixedAcrossUpdates(NumpyBackend):
     """Seeds dropout from ``(seed, micro_batch)``: every update reuses the same masks."""
 
-    def mask_seed(self) -> list[int]:
+    def _dropout_seed(self) -> list[int]:
         return [self.options.seed, self._micro_batch]
 
 
-class MaskSharedByMicroBatches(_DropoutVariant):
+class MaskSharedByMicroBatches(NumpyBackend):
     """Seeds dropout from ``(seed, step)``: the micro-batches of one update share a mask."""
 
-    def mask_seed(self) -> list[int]:
+    def _dropout_seed(self) -> list[int]:
         return [self.options.seed, int(self.opt_state["step"])]
 
 
@@ -385,13 +380,13 @@ class FusedStepSkipsClipping(FusedNumpy):
             self.options = _replace_clip(self.options, clip)
 
 
-class FusedStepReusesMask(_DropoutVariant, FusedNumpy):
+class FusedStepReusesMask(FusedNumpy):
     """Draws the fused step's dropout masks from the seed alone (a key split once)."""
 
     _fused = False
 
-    def mask_seed(self) -> list[int]:
-        return [self.options.seed] if self._fused else super().mask_seed()
+    def _dropout_seed(self) -> list[int]:
+        return [self.options.seed] if self._fused else super()._dropout_seed()
 
     def train_step(self, batch: Any, lr: float) -> Any:
         self._fused = True

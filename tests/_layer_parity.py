@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from unitrain.backends.numpy.layers import Run
-from unitrain.backends.numpy.model import build
+from unitrain import ops
+from unitrain.backends.numpy import ops as numpy_ops
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
+from unitrain.models import Pass, apply
 
 #: ``(outputs, input gradient or None, parameter gradients, state after the pass)``.
 Result = tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray], dict[str, np.ndarray]]
@@ -44,24 +45,34 @@ def case_values(layer: Any, shape: tuple[int, ...]) -> tuple[Any, dict, dict, np
 
 
 def reference(layer: Any, x: Any, params: dict, state: dict, projection: np.ndarray) -> Result:
-    """The float64 numpy reference on the same values."""
-    up = {k: v.astype(np.float64) for k, v in params.items()}
-    grads = {k: np.zeros_like(v) for k, v in up.items()}
-    run = Run(up, {k: v.astype(np.float64) for k, v in state.items()}, grads, train=True)
-    node = build(layer)
-    x64 = x if layer.input_kind == "tokens" else x.astype(np.float64)
-    out = node.forward(x64, run)
-    dx = node.backward(projection.astype(np.float64), run)
-    return out, dx, grads, run.state
+    """The float64 numpy reference on the same values: the core's forward in train mode under
+    the reference's ops, differentiated by their own VJPs (``ops.vjp``)."""
+    names, tokens = list(params), layer.input_kind == "tokens"
+    state64 = {k: np.asarray(v, np.float64) for k, v in state.items()}
+    moved: dict[str, np.ndarray] = {}
+
+    def outputs(x_: Any, *values: Any) -> Any:
+        out, new_state = apply(layer, x_, Pass(dict(zip(names, values)), state64, training=True))
+        moved.update(new_state)
+        return out
+
+    inputs = [x if tokens else np.asarray(x, np.float64)]
+    inputs += [np.asarray(params[k], np.float64) for k in names]
+    wrt = range(1 if tokens else 0, len(inputs))  # token ids have no gradient
+    with ops.using(numpy_ops):
+        (out,), pullback = numpy_ops.vjp(outputs, inputs, tuple(wrt))
+        grads = pullback([np.asarray(projection, np.float64)])
+    dx = None if tokens else grads.pop(0)
+    return out, dx, dict(zip(names, grads)), moved
 
 
 def torch_layer(layer: Any, x: Any, params: dict, state: dict, projection: np.ndarray) -> Result:
     """torch's native layer in float32 on CPU."""
     import torch
 
-    from unitrain.backends.torch.layers import build_portable
+    from unitrain.backends.torch.layers import PortableModule
 
-    module = build_portable(layer, 0, torch.float32, "cpu").train()
+    module = PortableModule(layer, 0, torch.float32, "cpu").train()
     tensors = dict(module.named_parameters()) | dict(module.named_buffers())
     with torch.no_grad():
         for name, value in (params | state).items():

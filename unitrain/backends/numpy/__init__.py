@@ -1,8 +1,10 @@
-"""The numpy reference adapter: every layer and optimizer by hand, in float64 or float32.
+"""The numpy reference adapter: the core's forward differentiated by its own ops, in float64 or
+float32.
 
-Modules (the same names in every adapter folder): ``backend`` (the Backend class),
-``model`` (a portable model as a tree of nodes), ``layers`` (each layer's forward and
-backward), ``precision`` (mixed-precision rounding).
+Modules: ``backend`` (the Backend class: it runs :func:`unitrain.models.apply` under ``ops``
+and sweeps the graph for the gradients), ``ops`` (the :mod:`unitrain.ops` contract with a
+hand-written derivative for every op, from the private ``_ops_*`` modules and the graph of
+``_tape``), ``precision`` (mixed-precision rounding).
 """
 
 from unitrain.backends.numpy.backend import NumpyBackend

@@ -1,11 +1,14 @@
 """The numpy reference backend: small, obviously correct, and the oracle of parity checks.
 
-It trains any :mod:`unitrain.models` architecture with hand-written backpropagation
-(:mod:`.layers`, :mod:`.model`) and the reference optimizer rules of
-:mod:`unitrain.optim`, in float32 or float64. Nothing here is fast; every line is meant to be
-checked by reading it. Unlike the other adapters it keeps no optimizer table: each optimizer's
-own ``reference_update`` *is* the rule, so every optimizer, a third party's included, has
-its oracle here.
+It trains any :mod:`unitrain.models` architecture, a user's own layers included, by running
+the core's forward (:func:`unitrain.models.apply`) under the reference's own ops
+(:mod:`unitrain.backends.numpy.ops`), in float32 or float64: a train pass tracks the
+parameters, so the outputs carry a graph of the ops that made them, each with a hand-written
+vector-Jacobian product checked against finite differences, and backward sweeps it. The update
+is the reference optimizer rule of :mod:`unitrain.optim`. Nothing here is fast; every line is
+meant to be checked by reading it. Unlike the other adapters it keeps no optimizer table: each
+optimizer's own ``reference_update`` *is* the rule, so every optimizer, a third party's
+included, has its oracle here.
 
 Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike: the
 parameters a pass reads, its input and every layer's output (and, backwards, every gradient flowing
@@ -17,17 +20,18 @@ gradient past float16's range rounds to inf there, as on the frameworks, and the
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from unitrain import ConfigError, optim
+from unitrain import ConfigError, ops, optim
+from unitrain.backends.numpy import _tape
 from unitrain.backends.numpy import ops as numpy_ops
-from unitrain.backends.numpy.layers import Run
-from unitrain.backends.numpy.model import build
-from unitrain.backends.numpy.precision import rounding
+from unitrain.backends.numpy.ops import Tracked, value_of
+from unitrain.backends.numpy.precision import round_between_layers, rounding
 from unitrain.backends.precision import (
     GOOD_STEPS_KEY,
     SCALE_KEY,
@@ -38,7 +42,7 @@ from unitrain.backends.precision import (
 )
 from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
 from unitrain.data import check_targets
-from unitrain.models import AbstractLayer, InputCheck
+from unitrain.models import AbstractLayer, Draw, InputCheck, Pass, apply
 
 __all__ = ["NumpyBackend"]
 
@@ -93,8 +97,9 @@ class NumpyBackend:
         self.model_state = model.init_state(self.dtype)
         self.opt_state = optim.init_state(options.optimizer, self.params)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self._root = build(model)
         self._input_check = InputCheck(model)
+        #: The last train forward's output and its tracked parameters by name, for backward.
+        self._graph: tuple[Any, dict[str, Tracked]] | None = None
         self._micro_batch = 0
         self._skipped = 0
         #: Whether every loss since the last step was finite (a step with one that is not is
@@ -113,24 +118,60 @@ class NumpyBackend:
 
     # -- computation ---------------------------------------------------------------------
 
-    def _pass(self, train: bool, grads: dict[str, np.ndarray], **seed: Any) -> Run:
-        """The shared context of one forward or backward pass.
-
-        Under mixed precision it reads the parameters rounded to the compute dtype (float32
-        master copies stay untouched) and rounds what flows between layers.
-        """
-        if self._rounding is None:
-            return Run(self.params, self.model_state, grads, train=train, **seed)
-        low = {k: self._rounding(v) for k, v in self.params.items()}
-        return Run(low, self.model_state, grads, train=train, rounding=self._rounding, **seed)
-
     def _run(self, x: Any, train: bool) -> np.ndarray:
-        """Forward pass; in train mode every node keeps what its backward needs."""
+        """The model's outputs for ``x``; a train pass keeps its graph for :meth:`backward`
+        and moves the model state.
+
+        Under mixed precision the pass reads the parameters and the input rounded to the
+        compute dtype (the float32 master copies stay untouched) and rounds every layer's
+        output, the model's own included.
+        """
         self._input_check(x)
-        x = np.asarray(x) if self._input_check.tokens else np.asarray(x, self.dtype)
-        seed = [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
-        run = self._pass(train, self.grads, dropout_seed=seed)
-        return run.low(self._root.forward(run.low(x), run))
+        low = self._rounding
+        if self._input_check.tokens:
+            x = np.asarray(x)
+        else:
+            x = np.asarray(x, self.dtype) if low is None else low(np.asarray(x, self.dtype))
+        params: dict[str, Any] = self.params
+        if low is not None:
+            params = {k: low(v) for k, v in params.items()}
+        after = None if low is None else functools.partial(round_between_layers, low)
+        if train:  # the parameters become the leaves of the graph backward sweeps
+            params = {name: Tracked(value) for name, value in params.items()}
+        draw = self._draw() if train else None
+        run = Pass(params, self.model_state, training=train, draw=draw, after_layer=after)
+        out, state = self._apply(x, run)
+        if after is not None:
+            out = after(out)
+        if train:
+            self.model_state, self._graph = state, (out, params)
+        return value_of(out)
+
+    def _apply(self, x: Any, run: Pass) -> tuple[Any, dict[str, Any]]:
+        """The core's forward of the model under the reference's ops: ``(outputs, state)``."""
+        with ops.using(numpy_ops):
+            return apply(self.model, x, run)
+
+    def _dropout_seed(self) -> list[int]:
+        """What this pass's dropout masks are drawn from: ``(seed, step, micro_batch)``."""
+        return [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+
+    def _draw(self) -> Draw:
+        """The pass's uniform numbers: one generator, drawn by the layers in the order they
+        run, made at the first draw (a pass that drops nothing makes none).
+
+        The numbers are float64 whatever the dtype, as the reference has always drawn them,
+        so a seeded run keeps its masks.
+        """
+        seed, generator = self._dropout_seed(), None
+
+        def draw(shape: Any, dtype: str) -> np.ndarray:
+            nonlocal generator
+            if generator is None:
+                generator = np.random.default_rng(seed)
+            return generator.random(tuple(shape))
+
+        return draw
 
     def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
         """Return the mean loss and its gradient with respect to ``out``.
@@ -159,7 +200,7 @@ class NumpyBackend:
     # errors under ``-W error``. The other backends' frameworks do not warn either.
 
     def forward(self, batch: Batch) -> Any:
-        """Run in train mode and keep the activations; return the mean loss."""
+        """Run in train mode and keep the graph for backward; return the mean loss."""
         x, y = batch
         with np.errstate(all="ignore"):
             out = self._run(x, train=True)
@@ -174,19 +215,20 @@ class NumpyBackend:
             self._backward(scale)
 
     def _backward(self, scale: float) -> None:
-        if self._rounding is None:
-            run = self._pass(True, self.grads)
-            self._root.backward(self._grad_out * self.dtype.type(scale), run)
-            return
+        if self._graph is None:
+            raise ConfigError("backward() needs a forward() in train mode first")
         if self.scaler is not None:
             scale = scale * float(self.scaler[0])  # a power of two: exact
-        # This pass's parameter gradients are rounded to the compute dtype, as a
-        # low-precision kernel writes them, before they are added to the float32 buffers.
-        grads = {k: np.zeros_like(v) for k, v in self.grads.items()}
-        run = self._pass(True, grads)
-        self._root.backward(run.low(self._grad_out * self.dtype.type(scale)), run)
-        for k, g in grads.items():
-            self.grads[k] += run.low(g)
+        out, tracked = self._graph
+        grads = _tape.backpropagate([out], [self._grad_out * self.dtype.type(scale)])
+        low = self._rounding
+        for name, leaf in tracked.items():
+            grad = grads.get(id(leaf))
+            if grad is not None:
+                # Under mixed precision this pass's parameter gradient is rounded to the
+                # compute dtype, as a low-precision kernel writes it, before it is added to
+                # the float32 buffer.
+                self.grads[name] += grad if low is None else low(grad)
 
     def step(self, lr: float) -> None:
         """Clip, check for a non-finite loss or gradient, apply the reference update, zero
@@ -211,7 +253,7 @@ class NumpyBackend:
             optim.apply_update(self.options.optimizer, self.params, self.grads, self.opt_state, lr)
         for g in self.grads.values():
             g.fill(0)
-        self._micro_batch, self._losses_finite = 0, True
+        self._micro_batch, self._losses_finite, self._graph = 0, True, None
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Mean loss (and accuracy for classification) in eval mode: no dropout, the running

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from unitrain.ops._dispatch import active, using
+from unitrain.ops._dispatch import active, enter, leave, using
 from unitrain.ops._types import Array, Axis, Pairish  # noqa: F401 - the backends' signatures
 
 # -- about arrays ------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where t
     softmax,
     stop_gradient,
 )
-from unitrain.ops._scan import scan  # noqa: E402, F401 - re-exported
+from unitrain.ops.loops import scan  # noqa: E402, F401 - re-exported
 
 #: Every function of the contract, the names each backend's ops module defines.
 CONTRACT = (
@@ -435,4 +435,4 @@ CONTRACT = (
     "scaled_dot_product_attention", "stop_gradient", "scan",
 )  # fmt: skip
 
-__all__ = ["CONTRACT", "active", "using", *CONTRACT]
+__all__ = ["CONTRACT", "active", "enter", "leave", "using", *CONTRACT]

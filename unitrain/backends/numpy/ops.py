@@ -230,6 +230,6 @@ def scan(step: Any, init: Any, xs: Any) -> Any:
     """The contract's loop, step by step (this backend runs eagerly)."""
     import sys
 
-    from unitrain.ops._scan import loop_scan
+    from unitrain.ops.loops import loop_scan
 
     return loop_scan(step, init, xs, sys.modules[__name__])

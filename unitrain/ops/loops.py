@@ -1,5 +1,7 @@
 """``scan``: a loop over the leading axis of an array, carrying state, as one op.
 
+Public for the adapters: an eager backend's ``scan`` is :func:`loop_scan` over its own ops.
+
 Recurrent layers (LSTM, GRU) are written once on it. A backend that compiles whole programs
 implements it natively (JAX's ``lax.scan`` traces the step once instead of once per position);
 the others run :func:`loop_scan`, the same loop in plain Python over the contract's own ops,

@@ -398,3 +398,15 @@ def test_the_reference_imports_no_framework():
         "sorted({'torch', 'jax', 'tensorflow', 'autograd'} & set(sys.modules))"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_references_own_error_function_matches_scipys():
+    """Without scipy the reference computes erf and erfc itself, to float64 rounding."""
+    from scipy import special
+
+    from unitrain.backends.numpy._special import own_erf_and_erfc
+
+    x = np.concatenate([np.linspace(-6, 6, 2001), [-27.0, -1.25, 1.25, 2.0, 27.0, 0.0]])
+    erf, erfc = own_erf_and_erfc(x)
+    np.testing.assert_allclose(erf, special.erf(x), rtol=1e-14, atol=1e-300)
+    np.testing.assert_allclose(erfc, special.erfc(x), rtol=1e-13, atol=1e-300)

@@ -1,7 +1,7 @@
 """The error function and its complement in float64, for the numpy reference's ``erf`` and ``gelu``.
 
-numpy has no error function and scipy is not a dependency of unitrain, so the reference computes
-its own, to 1e-15 relative (erfc to 1e-14) for every input: below 1.25 the series
+numpy has no error function. scipy's is used where scipy is installed (scikit-learn, a
+dependency, brings it); without it the reference computes its own, to 1e-15 relative (erfc to 1e-14) for every input: below 1.25 the series
 erf(x) = 2/sqrt(pi) e^(-x^2) sum_k (2x^2)^k x / (1*3*...*(2k+1)), whose terms are all positive
 (no cancellation, unlike Taylor's); from 1.25 on Laplace's continued fraction
 erfc(x) = e^(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), which converges the
@@ -17,7 +17,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TWO_OVER_SQRT_PI", "erf_and_erfc"]
+try:
+    from scipy import special as _scipy_special
+except ImportError:  # pragma: no cover - scikit-learn brings scipy
+    _scipy_special = None
+
+__all__ = ["TWO_OVER_SQRT_PI", "erf_and_erfc", "own_erf_and_erfc"]
 
 # The series below _SERIES_END; the continued fraction above it, with fewer terms from _FAR on.
 _SERIES_END, _SERIES_TERMS = 1.25, 22
@@ -52,7 +57,17 @@ def _erfc_fraction(x: np.ndarray, terms: int) -> np.ndarray:
 
 
 def erf_and_erfc(x: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(erf(x), erfc(x))`` in float64, each accurate where it is small."""
+    """``(erf(x), erfc(x))`` in float64, each accurate where it is small: scipy's when it is
+    installed (it comes with scikit-learn; its kernels are several times faster, and GELU
+    calls this twice per pass), else :func:`own_erf_and_erfc`."""
+    if _scipy_special is not None:
+        x = np.asarray(x, dtype=np.float64)
+        return _scipy_special.erf(x), _scipy_special.erfc(x)
+    return own_erf_and_erfc(x)
+
+
+def own_erf_and_erfc(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(erf(x), erfc(x))`` in float64 without scipy, by the series and the fraction."""
     x = np.asarray(x, dtype=np.float64)
     size = np.abs(x)
     erf_size, erfc_size = np.empty_like(size), np.empty_like(size)

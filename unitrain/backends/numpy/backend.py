@@ -148,8 +148,10 @@ class NumpyBackend:
         return value_of(out)
 
     def _apply(self, x: Any, run: Pass) -> tuple[Any, dict[str, Any]]:
-        """The core's forward of the model under the reference's ops: ``(outputs, state)``."""
-        with ops.using(numpy_ops):
+        """The core's forward of the model under the reference's ops: ``(outputs, state)``.
+
+        The class's ``ops`` module: a subclass that swaps one op for another runs it."""
+        with ops.using(self.ops):
             return apply(self.model, x, run)
 
     def _dropout_seed(self) -> list[int]:

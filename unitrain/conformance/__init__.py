@@ -25,7 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from unitrain.conformance._api import check_backend, run
+    from unitrain.conformance._api import check_backend, check_layer, run
     from unitrain.conformance._context import CheckFailed, CheckSkipped, Context
     from unitrain.conformance._registry import FAMILIES, Check, all_checks, check
     from unitrain.conformance._report import REPORT_SCHEMA, Report
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 # before coverage or any test runs, and that must not import the kit or the core with it.
 _LAZY = {
     "check_backend": "unitrain.conformance._api",
+    "check_layer": "unitrain.conformance._api",
     "run": "unitrain.conformance._api",
     "CheckFailed": "unitrain.conformance._context",
     "CheckSkipped": "unitrain.conformance._context",
@@ -65,6 +66,7 @@ __all__ = [
     "all_checks",
     "check",
     "check_backend",
+    "check_layer",
     "run",
 ]
 

@@ -14,7 +14,7 @@ from unitrain.conformance._runner import (
     run_all,
 )
 
-__all__ = ["check_backend", "run"]
+__all__ = ["check_backend", "check_layer", "run"]
 
 
 def run(
@@ -25,6 +25,7 @@ def run(
     keyword: str | None = None,
     hypothesis_profile: str = "ci",
     progress: Callable[[CheckResult], None] | None = None,
+    layer: Any = None,
 ) -> Report:
     """Run the kit on ``backend`` and return the full :class:`Report`.
 
@@ -36,13 +37,21 @@ def run(
         keyword: a pytest-style ``-k`` expression selecting check ids.
         hypothesis_profile: ``"ci"`` (derandomized, the default) or ``"dev"``.
         progress: called with each result as it is made.
+        layer: check this user layer instead of the backend (``"pkg.module:Name"`` or the
+            object: a layer class with ``conformance_cases()``, or a function returning the
+            cases); see :mod:`unitrain.conformance._user_layers`.
 
     Returns:
         The report; ``report.failed`` lists failures, ``report.write(path)`` saves JSON.
     """
     environment = enter_conformance_mode()
     under_test = resolve_backend(backend)
-    planned, notes = plan(under_test, device=device, dtypes=dtypes, keyword=keyword)
+    checks = None
+    if layer is not None:
+        from unitrain.conformance._user_layers import user_layer_checks
+
+        checks = user_layer_checks(layer)
+    planned, notes = plan(under_test, device=device, dtypes=dtypes, keyword=keyword, checks=checks)
     results = run_all(under_test, planned, hypothesis_profile=hypothesis_profile, progress=progress)
     from unitrain.conformance._hypothesis import hypothesis_available
 
@@ -68,3 +77,25 @@ def check_backend(backend_factory: Any, **options: Any) -> list[CheckResult]:
         The records, in check order.
     """
     return run(backend_factory, **options).results
+
+
+def check_layer(layer: Any, backend: Any = "numpy", **options: Any) -> list[CheckResult]:
+    """Certify a user layer on ``backend``: its output, gradients, state and checkpoint
+    hand-off against the float64 reference, in every dtype the backend declares.
+
+    For a user's own test suite::
+
+        results = check_layer("mypkg.layers:DyT", backend="torch")
+        assert not [r for r in results if r.status == "failed"], results
+
+    Args:
+        layer: ``"pkg.module:Name"`` or the object: a layer class with a
+            ``conformance_cases()`` method returning ``[(id, layer, input_shape), ...]``, or
+            a function returning that list.
+        backend: as for :func:`run`.
+        **options: as for :func:`run` (``device``, ``dtypes``, ``keyword``, ...).
+
+    Raises:
+        ConfigError: the target names no cases, or a layer's forward calls a framework.
+    """
+    return run(backend, layer=layer, **options).results

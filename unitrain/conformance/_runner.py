@@ -207,6 +207,7 @@ def plan(
     device: str = "all",
     dtypes: Iterable[str] | None = None,
     keyword: str | None = None,
+    checks: Iterable[Check] | None = None,
 ) -> tuple[list[PlannedCheck], list[str]]:
     """The checks to run (or to report as skipped) and notes on what was left out.
 
@@ -215,6 +216,7 @@ def plan(
         device: ``"cpu"``, ``"gpu"`` or ``"all"`` (every declared device this machine has).
         dtypes: dtypes to run; default every declared dtype the tolerance table knows.
         keyword: a ``-k`` expression over check ids.
+        checks: the checks to plan (default: every registered check).
 
     Returns:
         ``(planned, notes)``.
@@ -248,7 +250,7 @@ def plan(
     planned = []
     for dev, dev_reason in devices:
         for dtype, dtype_reason in dtype_plan:
-            for check in all_checks():
+            for check in all_checks() if checks is None else checks:
                 reason = dev_reason or dtype_reason or _missing_capability(backend, check)
                 item = PlannedCheck(check, dev, dtype, reason)
                 if match(item.id):

@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", action="append", help="check only this dtype (repeatable)")
     parser.add_argument("--report", help="write the JSON report here")
     parser.add_argument("-k", dest="keyword", help="select checks by id, pytest -k style")
+    parser.add_argument(
+        "--layer",
+        help="certify your own layer instead: pkg.module:Name, a layer class with "
+        "conformance_cases() or a function returning [(id, layer, input_shape), ...]",
+    )
     parser.add_argument("--hypothesis-profile", default="ci", choices=("ci", "dev"))
     parser.add_argument(
         "--list",
@@ -56,6 +61,7 @@ def main(args: Any) -> int:
         keyword=args.keyword,
         hypothesis_profile=args.hypothesis_profile,
         progress=progress,
+        layer=args.layer,
     )
     if not args.verbose:
         print()

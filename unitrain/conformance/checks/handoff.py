@@ -175,23 +175,38 @@ def _numpy_peer(ctx: Context) -> list[tuple[str, Any]]:
     return [("numpy", cls)]
 
 
-def _run(
+def numpy_and_installed(ctx: Context) -> list[tuple[str, Any]]:
+    """The numpy reference (where it declares the dtype) and every other installed backend
+    that builds portable layers in it."""
+    reference: Any = get_backend("numpy")
+    found = [("numpy", reference)] if ctx.dtype in reference.capabilities.dtypes else []
+    return [*found, *_installed_peers(ctx)]
+
+
+def run_model(
     ctx: Context,
     model: AbstractLayer,
     batches: Callable[[Context], list[_Batch]],
     peers: Callable[[Context], list[tuple[str, Any]]],
+    loss: str = "cross_entropy",
 ) -> None:
+    """Hand ``model``'s checkpoint from the backend under test to each peer and back."""
     found = peers(ctx)
     if not found:
         ctx.skip(f"no other installed backend builds portable layers in {ctx.dtype}")
     data = batches(ctx)
     # Seeds 0 and 7: each reader starts from other weights than its writer's, so it can
     # agree with the writer only through the checkpoint.
-    ours = _Party(ctx.backend.name, ctx.make(model, optimizer=OPTIMIZER, seed=0))
+    ours = _Party(ctx.backend.name, ctx.make(model, optimizer=OPTIMIZER, seed=0, loss=loss))
     failures = []
     for name, cls in found:
         options = BackendOptions(
-            device="cpu", dtype=ctx.dtype, deterministic=True, optimizer=OPTIMIZER, seed=7
+            device="cpu",
+            dtype=ctx.dtype,
+            deterministic=True,
+            optimizer=OPTIMIZER,
+            seed=7,
+            loss=loss,
         )
         theirs = _Party(name, cls(model, options))
         for writer, reader in ((ours, theirs), (theirs, ours)):
@@ -233,7 +248,7 @@ def _register() -> None:
                 batches: Callable[[Context], list[_Batch]] = batches,
                 peers: Callable[[Context], list[tuple[str, Any]]] = peers,
             ) -> None:
-                _run(ctx, model, batches, peers)
+                run_model(ctx, model, batches, peers)
 
             name = f"{model_name}_{peer_name}"
             run.__qualname__ = f"handoff_{name}"

@@ -7,6 +7,7 @@ numpy backend, and bit-exact state for save/load and resume on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 import unitrain
 from unitrain import callbacks as cb
-from unitrain import optim, schedules
+from unitrain import models, ops, optim, schedules
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.protocol import Backend, BackendOptions, FusedStep
 from unitrain.backends.state import split_state
@@ -497,3 +498,109 @@ def test_rng_state_is_json_and_restores_the_global_generator() -> None:
     first = tf.random.get_global_generator().normal([3]).numpy()
     backend.set_rng_state(state)
     np.testing.assert_array_equal(tf.random.get_global_generator().normal([3]).numpy(), first)
+
+
+# -- portable models: one generic module ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gain(models.AbstractLayer):
+    """A user's layer, unknown to the adapter: a parameter, a state, a forward in ops."""
+
+    width: int
+
+    def own_param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"gain": (self.width,)}
+
+    def own_state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"seen": (self.width,)}
+
+    def _init_own_params(self, rng: Any) -> dict[str, np.ndarray]:
+        return {"gain": np.full(self.width, 2.0)}
+
+    def _init_own_state(self) -> dict[str, np.ndarray]:
+        return {"seen": np.zeros(self.width)}
+
+    def forward(self, scope: Any, x: Any) -> Any:
+        if scope.training:
+            scope.set_state("seen", scope.state("seen") + ops.sum(x, axis=0))
+        return x * scope.param("gain")
+
+    def _output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+
+def test_a_users_layer_trains_under_canonical_names_in_one_trace() -> None:
+    spec = models.Sequential([models.Linear(16, 4), _Gain(4), models.Dropout(0.5)])
+    backend = TensorFlowBackend(spec, _options(optim.Adam()))
+    assert list(backend.params) == list(spec.param_shapes())
+    assert list(backend.variables) == [*spec.param_shapes(), *spec.state_shapes()]
+    weight, bias = (backend.variables[k].numpy() for k in ("0.weight", "0.bias"))
+    x = _batch(0, 8)[0]
+    backend.train_step(_batch(0, 8), 0.05)
+    seen = backend.variables["1.seen"].numpy()
+    np.testing.assert_allclose(seen, (x @ weight + bias).sum(0), rtol=1e-5)
+    assert backend.variables["1.gain"].numpy() != pytest.approx(2.0)  # trained
+    for t, n in enumerate([5, 8], start=1):
+        backend.train_step(_batch(t, n), 0.05)
+    assert dict(backend.trace_counts) == {"train_step": 1}  # a smaller batch: no retrace
+
+
+def test_a_model_that_reads_its_batch_size_traces_per_batch_size() -> None:
+    # BatchNorm checks its count of values per channel in Python: under an unknown batch size
+    # the trace fails, and the function is traced per batch size instead; eval mode reads no
+    # count and keeps one trace.
+    spec = models.Sequential([models.Linear(16, 4), models.BatchNorm(4)])
+    backend = TensorFlowBackend(spec, _options())
+    for n in (8, 5, 8):
+        backend.train_step(_batch(n, n), 0.1)
+        backend.evaluate(_batch(n, n))
+    assert dict(backend.trace_counts) == {"train_step": 2, "evaluate": 1}
+    with pytest.raises(unitrain.DataError, match="more than one value per channel"):
+        backend.train_step(_batch(0, 1), 0.1)
+
+
+def test_dropout_masks_are_stateless_draws_keyed_by_their_place_in_the_pass() -> None:
+    """The k-th mask of a pass is ``stateless_uniform`` of ``fold_in(key, k)``, k from 1 (the
+    MLP's from 0: it was a module of its own that numbered its hidden layers), as before the
+    layers were written once, so seeded runs keep their masks."""
+    key = tf.constant([3, 11], tf.int64)
+
+    def mask(k: int, like: Any) -> Any:
+        seed = tf.random.experimental.stateless_fold_in(key, k, alg="philox")
+        uniform = tf.random.stateless_uniform(tf.shape(like), seed, dtype=like.dtype, alg="philox")
+        return tf.cast(uniform < 0.5, like.dtype) / 0.5
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)))
+    mlp = models.MLP((4, 8, 8, 3), dropout=0.5)
+    for spec, first in ((mlp, 0), (_users_model(mlp), 1)):
+        module = tf_backend.layers.TFPortable(spec, spec.init_params(0), {}, tf.float64)
+        out, h = module(x, training=True, key=key), x
+        weights = {k: v.numpy() for k, v in module.named_variables().items()}
+        for i in range(3):
+            h = h @ weights[f"layers.{i}.weight"] + weights[f"layers.{i}.bias"]
+            if i < 2:
+                h = tf.nn.relu(h) * mask(first + i, h)
+        np.testing.assert_allclose(out.numpy(), h.numpy(), rtol=1e-12)
+    with pytest.warns(DeprecationWarning, match="TFPortable"):
+        old = tf_backend.model.TFMLP(PARITY_MODEL, PARITY_MODEL.init_params(0), tf.float32)
+    assert list(old.named_variables()) == list(PARITY_MODEL.param_shapes())
+
+
+def _users_model(mlp: models.MLP) -> models.AbstractLayer:
+    """A user's composite layer that runs ``mlp``'s layers, under their names."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Net(models.AbstractLayer):
+        def children(self) -> tuple[tuple[str, models.AbstractLayer], ...]:
+            return mlp.children()
+
+        def forward(self, scope: Any, x: Any) -> Any:
+            for name, _ in self.children():
+                x = scope.call(name, x)
+            return x
+
+        def _output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+            return mlp.output_shape(shape)
+
+    return Net()

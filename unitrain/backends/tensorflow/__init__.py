@@ -1,9 +1,9 @@
 """The TensorFlow adapter.
 
 Modules (the same names in every adapter folder): ``backend`` (the Backend class), ``core``
-(devices, determinism, seeds, tensor specs), ``model`` (the portable MLP, losses, dropout
-keys), ``layers`` (portable layers as ``tf.Module``), ``optimizers`` (the optimizer table),
-``precision``, ``distributed`` (``tf.distribute``: :class:`LocalDevices` over this process's
+(devices, determinism, seeds, tensor specs), ``model`` (losses, dropout keys, native models'
+variable names), ``layers`` (any portable model as one ``tf.Module``), ``optimizers`` (the optimizer
+table), ``precision``, ``distributed`` (``tf.distribute``: :class:`LocalDevices` over this process's
 devices, ``MultiWorkerMirroredStrategy`` across processes), ``prefetch``.
 """
 

@@ -1,11 +1,13 @@
-"""The TensorFlow backend: :class:`unitrain.models.MLP`, a Keras model or a ``tf.Module``.
+"""The TensorFlow backend: a portable model (:mod:`unitrain.models`), Keras or a ``tf.Module``.
 
-Every hot-path computation is a ``tf.function`` with autograph off, traced once per input
-signature: the batch axis is left unknown (``None``), so the smaller last batch of an epoch
-does not retrace, and the learning rate, the loss scale and the micro-batch index are tensor
-arguments, so changing them every step does not retrace either (``trace_counts`` counts the
-traces). The optimizer updates are the reference rules of :mod:`unitrain.optim`, written by
-hand in :mod:`unitrain.backends.tensorflow.optimizers`, because Keras' optimizers differ from them.
+Every hot-path computation is a ``tf.function`` with autograph off, traced once per input signature:
+the batch axis is left unknown (``None``), so the smaller last batch of an epoch does not retrace
+(unless the model reads the batch size as a number: see
+:meth:`~.compiled.CompiledGraphs._traced_or_sized`), and the learning rate, the loss scale and the
+micro-batch index are tensor arguments, so changing them every step does not retrace either
+(``trace_counts`` counts the traces). The optimizer updates are the reference rules of
+:mod:`unitrain.optim`, written by hand in :mod:`unitrain.backends.tensorflow.optimizers`, because
+Keras' optimizers differ from them.
 
 Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
 returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
@@ -72,7 +74,7 @@ from unitrain.backends.tensorflow.precision import (
     set_matmul_precision,
 )
 from unitrain.backends.tensorflow.prefetch import prefetch
-from unitrain.models import MLP, AbstractLayer, InputCheck
+from unitrain.models import AbstractLayer, InputCheck
 
 __all__ = ["TensorFlowBackend"]
 
@@ -83,8 +85,8 @@ class TensorFlowBackend(CompiledGraphs):
     """TensorFlow implementation of the :class:`unitrain.backends.protocol.Backend` protocol.
 
     Attributes:
-        module: the model (a :class:`~unitrain.backends.tensorflow.tf_model.TFMLP` for a portable
-            MLP).
+        module: the model (a :class:`~unitrain.backends.tensorflow.layers.TFPortable` for a
+            portable model).
         variables: every model variable under its state-dict name.
         params: the trainable subset of ``variables``, in gradient order.
         trace_counts: how many times each compiled function was traced, by name.
@@ -134,15 +136,13 @@ class TensorFlowBackend(CompiledGraphs):
         set_matmul_precision(options.matmul_precision)
         seed_global_rngs(options.seed)
         with tf.device(self.device_name):
-            if isinstance(model, MLP):
-                params = model.init_params(options.seed, self.dtype.as_numpy_dtype)
-                self.module: Any = tf_model.TFMLP(model, params, self.dtype)
-                self.variables: dict[str, tf.Variable] = self.module.named_variables()
-            elif isinstance(model, AbstractLayer):
+            if isinstance(model, AbstractLayer):
                 numpy_dtype = self.dtype.as_numpy_dtype
                 params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
-                self.module = TFPortable(model, params, state, self.dtype, self._compute_dtype)
-                self.variables = self.module.named_variables() | self.module.named_state()
+                self.module: Any = TFPortable(model, params, state, self.dtype, self._compute_dtype)
+                self.variables: dict[str, tf.Variable] = (
+                    self.module.named_variables() | self.module.named_state()
+                )
             else:
                 self.module = model
                 self.variables = tf_model.named_variables(model)
@@ -163,12 +163,15 @@ class TensorFlowBackend(CompiledGraphs):
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = tf_model.loss_function(options.loss)
-        self._dropout = isinstance(model, AbstractLayer) and model.drops_out
+        # Every train pass of a portable model gets a dropout key, so a layer of the user's
+        # that drops values has its stream too (two stateless ops; unused where nothing draws).
+        self._dropout = isinstance(model, AbstractLayer)
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
-        self._keras_losses = hasattr(model, "losses") and not isinstance(model, MLP)
+        self._keras_losses = hasattr(model, "losses") and not isinstance(model, AbstractLayer)
         self._functions: dict[tuple[Any, ...], Any] = {}
         self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
+        self._sized: set[str] = set()
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
@@ -311,9 +314,17 @@ class TensorFlowBackend(CompiledGraphs):
         x, y = self._device_data
         indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
-        signature = (spec(x, full=True), spec(y, full=True), matrix(tf.int64), vector(self.dtype))
-        key = ("train_steps_on_device", *(spec for spec in signature[:2]))
-        function = self._function(key, self._gather_steps_graph, signature)
+        name, data = "train_steps_on_device", (spec(x, full=True), spec(y, full=True))
+        rows = tf.TensorSpec([None, indices.shape[1]], tf.int64)
+        if name not in self._sized:  # see _traced_or_sized
+            rows = matrix(tf.int64)
+        key = (name, *data, rows)
+        function = self._functions.get(key)
+        if function is None:
+            signature = (*data, rows, vector(self.dtype))
+            function = self._traced_or_sized(key, self._gather_steps_graph, signature)
+            if function is None:
+                return self.train_steps_on_device(indices, lrs)
         losses = function(x, y, indices, lrs)
         self._micro_batch, self._pending = 0, None
         return losses

@@ -46,6 +46,8 @@ class CompiledGraphs:
     _keras_losses: bool
     _functions: dict[tuple[Any, ...], Any]
     _polymorphic: dict[tuple[Any, ...], Any]
+    #: The functions traced per batch size (see :meth:`_traced_or_sized`).
+    _sized: set[str]
     #: The MirroredStrategy every gradient is computed under (:meth:`spread_over`), or None.
     _mirrored: Any = None
 
@@ -69,7 +71,7 @@ class CompiledGraphs:
         """Outputs and loss: the batch mean, or with ``global_size`` (a replica of a
         MirroredStrategy) this slice's share of the global batch's mean, as TF prescribes."""
         x = self._compute_input(x)
-        if isinstance(self.module, (tf_model.TFMLP, TFPortable)):
+        if isinstance(self.module, TFPortable):
             out = self.module(x, training=training, key=key)
             out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
         else:
@@ -226,11 +228,34 @@ class CompiledGraphs:
         *extra: tf.TensorSpec,
         stacked: bool = False,
     ) -> Any:
-        """A function per (name, input feature shapes and dtypes), batch axes left unknown."""
-        leading = 2 if stacked else 1
-        key = (name, x.dtype, tuple(x.shape[leading:]), y.dtype, tuple(y.shape[leading:]))
+        """A function per (name, input feature shapes and dtypes), batch axes left unknown
+        (unless the model needs the batch size: :meth:`_traced_or_sized`)."""
+        unknown = (2 if stacked else 1) - (name in self._sized)  # a stack's k stays unknown
+        key = (name, x.dtype, tuple(x.shape[unknown:]), y.dtype, tuple(y.shape[unknown:]))
         function = self._functions.get(key)
         if function is None:
-            x_spec, y_spec = spec(x, leading=leading), spec(y, leading=leading)
-            function = self._function(key, body, (x_spec, y_spec, *extra))
+            inputs = (spec(x, leading=unknown), spec(y, leading=unknown), *extra)
+            function = self._traced_or_sized(key, body, inputs)
+            if function is None:
+                return self._batch_function(name, body, x, y, *extra, stacked=stacked)
         return function
+
+    def _traced_or_sized(self, key: tuple[Any, ...], body: Callable[..., Any], inputs: Any) -> Any:
+        """``_function(key, body, inputs)``; None where the trace needs the batch size as a
+        number, and from then on the function ``key[0]`` is traced per batch size.
+
+        The core's layers read shapes as numbers (``ops.shape``); on an unknown axis this
+        backend's ops give a scalar tensor, which serves reshapes, mask shapes and arithmetic,
+        but not Python control flow: BatchNorm checks its count of values per channel in train
+        mode, a stateful RNN its batch size. Such a trace fails with
+        ``OperatorNotAllowedInGraphError`` at that layer (before any work is done).
+        """
+        name = key[0]
+        try:
+            return self._function(key, body, inputs)
+        except tf.errors.OperatorNotAllowedInGraphError:
+            if name in self._sized:
+                raise
+        self.trace_counts[name] -= 1  # the trace that failed
+        self._sized.add(name)
+        return None

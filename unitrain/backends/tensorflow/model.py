@@ -1,4 +1,4 @@
-"""The portable MLP, losses, dropout keys and variable names of the TensorFlow adapter.
+"""Losses, dropout keys and native models' variable names of the TensorFlow adapter.
 
 Everything here runs inside ``tf.function`` bodies built by
 :class:`unitrain.backends.tensorflow.TensorFlowBackend`. The update rules are written by hand
@@ -10,9 +10,9 @@ rate changes every step (see ``shared/anchors/optimizer-schedule-parity.md``).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,82 +21,32 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF's C++ logging st
 import tensorflow as tf  # absolute: the framework, not this package
 
 from unitrain import ConfigError
+from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.models import MLP
 
 __all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables", "per_example_loss"]
-
-_ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
-    "relu": tf.nn.relu,
-    "tanh": tf.tanh,
-    # The exact erf form written out: tf.nn.gelu(approximate=False) is only ~1e-9 accurate in
-    # float64, which the conformance kit's float64 eval check caught.
-    "gelu": lambda z: 0.5 * z * (1.0 + tf.math.erf(z / math.sqrt(2.0))),
-    "sigmoid": tf.sigmoid,
-}
 
 #: Philox on every device, so a mask does not depend on where it was drawn.
 _RNG_ALGORITHM = "philox"
 
 
-class _Linear(tf.Module):
-    """One ``x @ weight + bias`` layer in the canonical ``(in, out)`` layout."""
+class TFMLP(TFPortable):
+    """Deprecated: :class:`unitrain.models.MLP` as a ``tf.Module``; use :class:`TFPortable`.
 
-    def __init__(self, weight: Any, bias: Any, dtype: tf.DType) -> None:
-        super().__init__()
-        self.weight = tf.Variable(weight, dtype=dtype, name="weight")
-        self.bias = tf.Variable(bias, dtype=dtype, name="bias")
-
-
-class TFMLP(tf.Module):
-    """:class:`unitrain.models.MLP` as a ``tf.Module``: ``layers[i].weight`` / ``.bias``.
-
-    Dropout masks are drawn with ``tf.random.stateless_uniform`` from a key that the caller
-    derives from ``(seed, step, micro_batch)`` (:func:`dropout_key`), folded with the layer
-    index, so they need no random state of their own and a resumed run draws the same masks.
-
-    Args:
-        spec: the architecture.
-        params: initial weights under canonical names, e.g. ``spec.init_params(seed)``.
-        dtype: parameter dtype.
+    Every portable model, the MLP included, is a :class:`TFPortable` now, with the same
+    variable names (``layers.{i}.weight``/``.bias``) and the same dropout masks. Unlike the old
+    class, the parameters are not cast to a low-precision input's dtype: pass
+    ``compute_dtype`` to :class:`TFPortable` for that.
     """
 
     def __init__(self, spec: MLP, params: dict[str, Any], dtype: tf.DType) -> None:
-        super().__init__(name="mlp")
-        self.spec = spec
-        self.activation = _ACTIVATIONS[spec.activation]
-        self.layers = [
-            _Linear(params[f"layers.{i}.weight"], params[f"layers.{i}.bias"], dtype)
-            for i in range(spec.num_layers)
-        ]
-
-    def named_variables(self) -> dict[str, tf.Variable]:
-        """Parameters under canonical names, in :meth:`MLP.param_shapes` order."""
-        variables: dict[str, tf.Variable] = {}
-        for i, layer in enumerate(self.layers):
-            variables[f"layers.{i}.weight"] = layer.weight
-            variables[f"layers.{i}.bias"] = layer.bias
-        return variables
-
-    def __call__(self, x: tf.Tensor, training: bool = False, key: tf.Tensor | None = None) -> Any:
-        """Logits of ``x``; in training mode with a ``key``, hidden units drop out."""
-        last = len(self.layers) - 1
-        dropout = self.spec.dropout if training and key is not None else 0.0
-        for i, layer in enumerate(self.layers):
-            # In the input's dtype: the float32 weights are cast under mixed precision (a
-            # no-op otherwise), and their gradients come back in float32 through the cast.
-            x = tf.matmul(x, tf.cast(layer.weight, x.dtype)) + tf.cast(layer.bias, x.dtype)
-            if i == last:
-                break
-            x = self.activation(x)
-            if dropout:
-                keep = tf.constant(1.0 - dropout, x.dtype)
-                layer_key = tf.random.experimental.stateless_fold_in(key, i, alg=_RNG_ALGORITHM)
-                uniform = tf.random.stateless_uniform(
-                    tf.shape(x), seed=layer_key, dtype=x.dtype, alg=_RNG_ALGORITHM
-                )
-                # Same order as the numpy reference: a * (mask / keep).
-                x = x * (tf.cast(uniform < keep, x.dtype) / keep)
-        return x
+        warnings.warn(
+            "TFMLP is deprecated: use unitrain.backends.tensorflow.layers.TFPortable("
+            "spec, params, {}, dtype), which runs every portable model",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(spec, params, {}, dtype)
 
 
 def dropout_key(seed: int, step: tf.Tensor, micro_batch: tf.Tensor) -> tf.Tensor:
@@ -139,7 +89,7 @@ def named_variables(model: Any) -> dict[str, Any]:
             raise ConfigError(f"the tf.Module {type(model).__name__} has no tf.Variables")
     else:
         raise ConfigError(
-            "the tensorflow backend trains unitrain.models.MLP, a Keras model or a tf.Module "
+            "the tensorflow backend trains a unitrain.models model, a Keras model or a tf.Module "
             f"with __call__(x, training=...), got {type(model).__name__}"
         )
     variables = dict(found)

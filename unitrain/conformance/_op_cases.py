@@ -261,7 +261,9 @@ OP_CASES: tuple[OpCase, ...] = (
     ),
     _case(
         "scan",
-        [("normal", (3, 4)), ("normal", (5, 3, 4)), ("normal", (4, 4))],
+        # Weights in (-1, 1): a recurrence with larger ones amplifies float32 rounding
+        # through every step, and the error compared would be the loop's, not the op's.
+        [("normal", (3, 4)), ("normal", (4, 3, 4)), ("unit", (4, 4))],
         lambda ops, h, xs, w: ops.scan(lambda c, x: (ops.tanh(c @ w + x), c * x), h, xs),
     ),
     _case(

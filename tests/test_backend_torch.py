@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from unitrain import ConfigError, Trainer, TrainerConfig, models, optim, schedules  # noqa: E402
+from unitrain import ConfigError, Trainer, TrainerConfig, models, ops, optim, schedules  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
 from unitrain.backends.protocol import BackendOptions  # noqa: E402
-from unitrain.backends.torch import TorchBackend  # noqa: E402
+from unitrain.backends.torch import TorchBackend, TorchMLP  # noqa: E402
 from unitrain.backends.torch.backend import reads_flag_on_host  # noqa: E402
 from unitrain.backends.torch.kernels import device_guard  # noqa: E402
+from unitrain.backends.torch.layers import PortableModule  # noqa: E402
 from unitrain.training._run_state import model_description  # noqa: E402
 
 MODEL = models.MLP((6, 10, 3))
@@ -445,19 +449,19 @@ def test_runs_that_need_each_outcome_on_the_host_keep_the_host_guard():
         (models.Linear(8, 4), (2, 3, 8), 4),
         (models.MultiHeadAttention(8, 2), (2, 3, 8), 8),
         (models.BatchNorm(8), (4, 3, 3, 8), 8),
+        (models.LayerNorm(8), (2, 3, 8), 8),
     ],
 )
 def test_layers_with_float32_parameters_keep_the_low_precision_under_autocast(layer, shape, width):
     """Layer outputs stay in autocast's dtype, as nn.Linear's and nn.BatchNorm2d's do. A
     Linear or attention projection adds its float32 master bias inside the autocast matmul:
     ``matmul(x, w) + bias`` would promote the bfloat16 product back to float32, and every
-    later op would run in float32 (1.2x a Transformer step); BatchNorm normalises in float32
-    and hands on x's dtype (bfloat16 from the convolution before it)."""
-    from unitrain.backends.torch.layers import build_portable
-
-    module = build_portable(layer, 0, torch.float32, "cpu")
+    later op would run in float32 (1.2x a Transformer step); the norms normalise in float32
+    and hand on x's dtype (bfloat16 from the layer before). LayerNorm gave float32 here, as
+    torch's autocast runs layer_norm, until the core made this the one policy."""
+    module = PortableModule(layer, 0, torch.float32, "cpu")
     x = torch.randn(shape)
-    if isinstance(layer, models.BatchNorm):
+    if isinstance(layer, (models.BatchNorm, models.LayerNorm)):
         x = x.bfloat16()
     with torch.no_grad():
         exact = module(x.float())
@@ -465,3 +469,68 @@ def test_layers_with_float32_parameters_keep_the_low_precision_under_autocast(la
             low = module(x)
     assert low.dtype == torch.bfloat16 and low.shape == exact.shape == (*shape[:-1], width)
     assert torch.allclose(low.float(), exact, rtol=0.05, atol=0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gain(models.AbstractLayer):
+    """A user's layer, unknown to the adapter: a parameter, and a state that the gradient
+    depends on, as a stateful LSTM's carried hidden state does."""
+
+    width: int
+
+    def own_param_shapes(self):
+        return {"gain": (self.width,)}
+
+    def own_state_shapes(self):
+        return {"seen": (self.width,)}
+
+    def _init_own_params(self, rng):
+        return {"gain": np.full(self.width, 2.0)}
+
+    def _init_own_state(self):
+        return {"seen": np.zeros(self.width)}
+
+    def forward(self, scope, x):
+        seen = scope.state("seen")
+        if scope.training:
+            scope.set_state("seen", seen + ops.sum(x, axis=0))
+        return x * scope.param("gain") + seen * scope.param("gain")  # saves seen for backward
+
+    def _output_shape(self, shape):
+        return shape
+
+
+def test_any_layer_trains_under_its_canonical_names_after_to_and_in_functional_call():
+    spec = models.Sequential([models.Linear(3, 4), _Gain(4), models.BatchNorm(4)])
+    module = PortableModule(spec).to(torch.float64)  # .to() replaces every buffer
+    assert [name for name, _ in module.named_parameters()] == list(spec.param_shapes())
+    assert list(module.state_dict())[2:6] == ["1.gain", "1.seen", "2.weight", "2.bias"]
+    x = torch.randn(5, 3, dtype=torch.float64)
+    module(x).sum().backward()
+    hidden = (x @ module.get_parameter("0.weight") + module.get_parameter("0.bias")).sum(0)
+    torch.testing.assert_close(module.get_buffer("1.seen"), hidden.detach())
+    assert module.get_parameter("1.gain").grad.abs().sum() > 0
+    assert module.get_buffer("2.running_mean").abs().sum() > 0
+    zeros = {name: torch.zeros_like(p) for name, p in module.named_parameters()}
+    out = torch.func.functional_call(module.eval(), zeros, (x,))
+    assert not out.any()  # the swapped-in parameters, not the module's own
+    twin, seen = copy.deepcopy(module).train(), module.get_buffer("1.seen").clone()
+    twin(x)  # moves the twin's own state only
+    assert torch.equal(module.get_buffer("1.seen"), seen)
+    assert torch.equal(twin.get_buffer("1.seen"), 2 * seen)
+
+
+def test_dropout_masks_are_float32_draws_of_the_module_generator_in_layer_order():
+    module = PortableModule(models.MLP((4, 8, 8, 3), dropout=0.5), dtype=torch.float64)
+    module.generator.manual_seed(7)
+    generator, h = torch.Generator().manual_seed(7), torch.randn(5, 4, dtype=torch.float64)
+    out = module(h)
+    weights = dict(module.named_parameters())
+    for i in range(3):
+        h = h @ weights[f"layers.{i}.weight"] + weights[f"layers.{i}.bias"]
+        if i < 2:
+            h = torch.relu(h) * (torch.rand(h.shape, generator=generator) < 0.5) / 0.5
+    torch.testing.assert_close(out, h)
+    with pytest.warns(DeprecationWarning, match="PortableModule"):
+        old = TorchMLP(MODEL)
+    assert list(old.state_dict()) == list(MODEL.param_shapes())

@@ -1,4 +1,4 @@
-"""The PyTorch backend: any ``nn.Module`` with a loss, or :class:`unitrain.models.MLP`.
+"""The PyTorch backend: any ``nn.Module`` with a loss, or a :mod:`unitrain.models` model.
 
 The model's state dict is the module's own: parameters and persistent buffers (BatchNorm
 running statistics and counters) under their ``module.state_dict()`` names, so a checkpoint's
@@ -33,9 +33,9 @@ from unitrain.backends.torch.core import (
     to_numpy,
 )
 from unitrain.backends.torch.kernels import device_guard, finite_check
-from unitrain.backends.torch.layers import build_portable
+from unitrain.backends.torch.layers import PortableModule
 from unitrain.backends.torch.loops import UpdateLoops
-from unitrain.backends.torch.model import TorchMLP, loss_function
+from unitrain.backends.torch.model import loss_function
 from unitrain.backends.torch.optimizers import optimizer_for
 from unitrain.backends.torch.precision import (
     MixedPrecision,
@@ -43,7 +43,7 @@ from unitrain.backends.torch.precision import (
     set_matmul_precision,
 )
 from unitrain.backends.torch.prefetch import prefetch
-from unitrain.models import MLP, AbstractLayer, InputCheck
+from unitrain.models import AbstractLayer, InputCheck
 
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
@@ -86,26 +86,20 @@ class TorchBackend(UpdateLoops):
         set_matmul_precision(options.matmul_precision)
         self._mixed = MixedPrecision(options, self.torch_device)
         torch.manual_seed(options.seed)
-        if isinstance(model, MLP):
-            self.module: nn.Module = TorchMLP(model).to(self.dtype)
-            with torch.no_grad():
-                initial = model.init_params(options.seed, numpy_dtype(self.dtype))
-                for name, value in initial.items():
-                    self.module.get_parameter(name).copy_(torch.from_numpy(value))
-        elif isinstance(model, AbstractLayer):
-            self.module = build_portable(model, options.seed, self.dtype, self.torch_device)
+        if isinstance(model, AbstractLayer):
+            self.module: nn.Module = PortableModule(
+                model, options.seed, self.dtype, self.torch_device, self.ops
+            )
         elif isinstance(model, nn.Module):
             self.module = model
         else:
             raise ConfigError(
-                "the torch backend trains an nn.Module or unitrain.models.MLP, "
+                "the torch backend trains an nn.Module or a unitrain.models layer, "
                 f"got {type(model).__name__}"
             )
         self.module.to(self.torch_device, self.dtype).train()
         self.params = dict(self.module.named_parameters())
         self._forward_module = self.module  # DDP's wrapper when data-parallel (distribute)
-        #: Parameters and persistent buffers under their state-dict names, in the module's order.
-        self.tensors: dict[str, torch.Tensor] = self.module.state_dict(keep_vars=True)
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = loss_function(options.loss)
@@ -119,8 +113,6 @@ class TorchBackend(UpdateLoops):
         self._host_batches = self.torch_device.type == "cpu" and self.dtype != torch.bfloat16
         self._numpy_dtype = numpy_dtype(self.dtype)
         self._all_finite = finite_check(self.torch_device, self.dtype)
-        if isinstance(self.module, TorchMLP) and model.dropout:
-            self.module.generator = torch.Generator(self.torch_device)
         native = self.optimizer.native
         step_seeded = getattr(self.module, "generator", None) is not None
         on_host = reads_flag_on_host(self.torch_device, self._mixed.scaled, step_seeded, native)
@@ -311,7 +303,7 @@ class TorchBackend(UpdateLoops):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
-        state = {f"model.{k}": to_numpy(v) for k, v in self.tensors.items()}
+        state = {f"model.{k}": to_numpy(v) for k, v in self._model_tensors().items()}
         shapes = {f"{k}.": v.shape for k, v in self.params.items()}
         for key, tensor in self.optimizer.slots().items():
             if tensor is None:
@@ -332,10 +324,16 @@ class TorchBackend(UpdateLoops):
         self._step = int(opt.pop("step"))
         self._mixed.load(opt)
         with torch.no_grad():
-            for name, tensor in self.tensors.items():
+            for name, tensor in self._model_tensors().items():
                 tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
         self.optimizer.load_slots(opt, self._step)
         self._micro_batch = 0
+
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers under their state-dict names, in the module's
+        order; read each time, as a forward may replace a buffer (a portable model's moved
+        state, a native module's ``self.h = h.detach()``)."""
+        return self.module.state_dict(keep_vars=True)
 
     def rng_state(self) -> dict[str, Any]:
         """torch's global CPU (and CUDA) generator states, base64-encoded."""

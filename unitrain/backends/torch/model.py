@@ -1,66 +1,42 @@
-"""The portable MLP and the losses of the PyTorch adapter."""
+"""The losses of the PyTorch adapter, and the deprecated name of the portable MLP's module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+import warnings
+from typing import Any
 
-import torch
 import torch.nn.functional as F
-from torch import nn
 
 from unitrain import ConfigError
+from unitrain.backends.torch.layers import PortableModule
 from unitrain.models import MLP
 
 __all__ = ["TorchMLP", "loss_function"]
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": F.relu,
-    "tanh": torch.tanh,
-    "gelu": F.gelu,
-    "sigmoid": torch.sigmoid,
-}
 
+class TorchMLP(PortableModule):
+    """Deprecated: :class:`~unitrain.backends.torch.layers.PortableModule` runs an MLP (and
+    any other portable model); ``TorchMLP(spec)`` is ``PortableModule(spec)``.
 
-class _Dense(nn.Module):
-    """One layer of the MLP, ``x @ weight + bias``, with the canonical ``(in, out)`` weight."""
-
-    def __init__(self, fan_in: int, fan_out: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(fan_in, fan_out))
-        self.bias = nn.Parameter(torch.empty(fan_out))
-
-
-class TorchMLP(nn.Module):
-    """:class:`unitrain.models.MLP` in PyTorch, with canonical ``(in, out)`` weight layout.
-
-    Dropout masks come from a private generator seeded per forward from
-    ``(seed, step, micro_batch)``, so a resumed run draws the masks of an uninterrupted one.
+    The MLP had a module of its own before every layer's forward was written once in
+    :mod:`unitrain.ops`; its parameter names (``layers.{i}.weight``) are unchanged.
     """
 
-    def __init__(self, spec: MLP) -> None:
-        super().__init__()
-        self.spec = spec
-        self.layers = nn.ModuleList()
-        for fan_in, fan_out in zip(spec.sizes, spec.sizes[1:]):
-            self.layers.append(_Dense(fan_in, fan_out))
-        self.activation = _ACTIVATIONS[spec.activation]
-        self.generator: torch.Generator | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = len(self.layers) - 1
-        keep = 1.0 - self.spec.dropout
-        for i, layer in enumerate(cast("list[_Dense]", self.layers)):
-            x = torch.addmm(layer.bias, x, layer.weight)
-            if i < last:
-                x = self.activation(x)
-                if self.training and self.spec.dropout:
-                    mask = torch.rand(x.shape, generator=self.generator, device=x.device)
-                    x = x * (mask < keep).to(x.dtype) / keep
-        return x
+    def __init__(self, spec: MLP, seed: int = 0) -> None:
+        warnings.warn(
+            "unitrain.backends.torch.TorchMLP is deprecated: use "
+            "unitrain.backends.torch.layers.PortableModule(spec, seed), which runs any "
+            "portable model",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if not isinstance(spec, MLP):
+            raise ConfigError(f"TorchMLP takes a unitrain.models.MLP, got {type(spec).__name__}")
+        super().__init__(spec, seed)
 
 
 def loss_function(loss: Any) -> tuple[Any, bool]:
+    """The torch function of ``loss`` and whether it classifies (integer targets)."""
     if loss == "cross_entropy":
         return F.cross_entropy, True
     if loss == "mse":

@@ -19,7 +19,6 @@ the minimum the error is float32 rounding and passes, as it should.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import types
@@ -170,17 +169,32 @@ class EvaluateUpdatesStatistics(TorchBackend):
         return metrics
 
 
+def _rewritten(layer: Any, change: Any) -> Any:
+    """``layer`` with ``change`` applied to it and to every layer its fields hold."""
+    fields = {}
+    for field in dataclasses.fields(layer):
+        value = getattr(layer, field.name)
+        if isinstance(value, models.AbstractLayer):
+            fields[field.name] = _rewritten(value, change)
+        elif isinstance(value, tuple) and any(isinstance(v, models.AbstractLayer) for v in value):
+            fields[field.name] = tuple(_rewritten(v, change) for v in value)
+    return change(dataclasses.replace(layer, **fields) if fields else layer)
+
+
 class _PortableLayerFault(TorchBackend):
-    """Rewrites the description each torch layer module computes from, after building."""
+    """Rewrites the description the torch module computes from, after building."""
 
     layer_type: ClassVar[type]
     changes: ClassVar[dict[str, Any]]
 
     def __init__(self, model: Any, options: Any = None) -> None:
         super().__init__(model, options)
-        for module in self.module.modules():
-            if type(getattr(module, "spec", None)) is self.layer_type:
-                module.spec = dataclasses.replace(module.spec, **self.changes)
+        self.module.spec = _rewritten(self.module.spec, self._change)
+
+    def _change(self, layer: Any) -> Any:
+        if type(layer) is not self.layer_type:
+            return layer
+        return dataclasses.replace(layer, **self.changes)
 
 
 class KerasLayerNormEps(_PortableLayerFault):
@@ -195,22 +209,14 @@ class KerasBatchNormMomentum(_PortableLayerFault):
     layer_type, changes = models.BatchNorm, {"momentum": 0.9}
 
 
-class TensorFlowSamePadding(TorchBackend):
+class TensorFlowSamePadding(_PortableLayerFault):
     """Convolutions padded as TensorFlow's "SAME" does at stride 2: for a 3x3 kernel on an
     even size, 0 rows/columns before and 1 after, where ``padding=1`` pads 1 and 1."""
 
-    def __init__(self, model: Any, options: Any = None) -> None:
-        super().__init__(model, options)
-        for module in self.module.modules():
-            if type(getattr(module, "spec", None)) is models.Conv2d and max(module.spec.stride) > 1:
-                spec = module.spec
-                module.spec = dataclasses.replace(spec, padding=0)
-                module.forward = functools.partial(self._same, module.forward, spec.padding)
+    layer_type, changes = models.Conv2d, {"padding": "same"}
 
-    @staticmethod
-    def _same(forward: Any, padding: tuple[int, int], x: Any) -> Any:
-        (ph, pw) = padding
-        return forward(torch.nn.functional.pad(x, (0, 0, 0, 2 * pw - 1, 0, 2 * ph - 1)))
+    def _change(self, layer: Any) -> Any:
+        return super()._change(layer) if max(getattr(layer, "stride", (1,))) > 1 else layer
 
 
 class _SavesArraysInAnotherLayout(TorchBackend):

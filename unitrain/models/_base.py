@@ -112,20 +112,34 @@ class AbstractLayer(abc.ABC):
         return kids[0][1].input_kind if kids else "float"
 
     @property
+    def drops_values(self) -> bool:
+        """Whether this layer itself calls ``scope.dropout`` (or draws random numbers) in
+        train mode. The default reads a ``p``, ``dropout`` or ``attention_dropout`` field; a
+        layer of your own that drops values under another name overrides this."""
+        return any(
+            bool(getattr(self, name, 0.0)) for name in ("p", "dropout", "attention_dropout")
+        )
+
+    @property
     def drops_out(self) -> bool:
         """Whether any layer of the tree drops values in train mode (needs a dropout key)."""
-        return any(
-            bool(getattr(layer, "p", 0.0) or getattr(layer, "dropout", 0.0))
-            for _, layer in self.named_layers()
-        )
+        return any(layer.drops_values for _, layer in self.named_layers())
 
     def child(self, name: str) -> AbstractLayer | None:
         """The child called ``name``, or None; looked up in a table made once per layer."""
-        table = self.__dict__.get("_children_by_name")
+        return self._child_table().get(name)
+
+    def child_names(self) -> tuple[str, ...]:
+        """The children's names in order, from the same table (``children()`` may build
+        new layers on every call, which a forward run every step should not pay for)."""
+        return tuple(self._child_table())
+
+    def _child_table(self) -> dict[str, AbstractLayer]:
+        table: dict[str, AbstractLayer] | None = self.__dict__.get("_children_by_name")
         if table is None:
             table = dict(self.children())
             object.__setattr__(self, "_children_by_name", table)  # a cache, not a field
-        return table.get(name)
+        return table
 
     def named_layers(self, prefix: str = "") -> Iterator[tuple[str, AbstractLayer]]:
         """Every layer of the tree with its dotted name, parents before children."""

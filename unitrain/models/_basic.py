@@ -217,7 +217,7 @@ def check_layers(owner: str, layers: object) -> tuple[AbstractLayer, ...]:
 
 def run_children(owner: AbstractLayer, scope: Scope, x: Any) -> Any:
     """Run ``owner``'s children one after the other on ``x`` (a chain's forward)."""
-    for name, _ in owner.children():
+    for name in owner.child_names():
         x = scope.call(name, x)
     return x
 

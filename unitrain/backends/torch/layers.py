@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from unitrain import ops
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.models import AbstractLayer, Pass, apply
-from unitrain.ops._dispatch import _ACTIVE
 
 __all__ = ["PortableModule"]
 
@@ -120,16 +120,16 @@ class PortableModule(nn.Module):
                 return torch.rand(shape, generator=generator, device=device)
 
         run = Pass(params, state, training=training, draw=draw)
-        # The ContextVar is set directly: ops.using() is a generator-based context manager,
-        # a few microseconds per forward that a small model's step notices. Arrays the
+        # ops.enter/leave, not ops.using(): a generator-based context manager costs a few
+        # microseconds per forward that a small model's step notices. Arrays the
         # layers make from nothing (masks, constants) go to the input's device.
-        token = _ACTIVE.set(self._ops)
-        made_on, torch_ops._device = torch_ops._device, device
+        token = ops.enter(self._ops)
+        made_on = torch_ops.set_default_device(device)
         try:
             out, _ = apply(self.spec, x, run)
         finally:
-            torch_ops._device = made_on
-            _ACTIVE.reset(token)
+            torch_ops.set_default_device(made_on)
+            ops.leave(token)
         for name, value in run.new_state.items():  # detached by Scope.set_state
             self._keep_state(name, value)
         return out
@@ -143,10 +143,10 @@ class PortableModule(nn.Module):
         whole sequence of outputs) alive.
         """
         owner, local = self._state_in[name]
-        old = owner._buffers[local]
+        old = getattr(owner, local)
         if old is not None and (value.dtype != old.dtype or value._base is not None):
             value = value.to(old.dtype, copy=True)
-        owner._buffers[local] = value
+        setattr(owner, local, value)  # nn.Module.__setattr__ replaces the buffer
 
     def extra_repr(self) -> str:
         return self.spec.describe()

@@ -72,10 +72,12 @@ _device: torch.device | None = None
 _CPU = torch.device("cpu")
 
 
-def set_default_device(device: torch.device | str | None) -> None:
-    """Make new arrays on ``device`` (None: torch's default device)."""
+def set_default_device(device: torch.device | str | None) -> torch.device | None:
+    """Make new arrays on ``device`` (None: torch's default device); returns the device set
+    before, for the caller to put back."""
     global _device
-    _device = None if device is None else torch.device(device)
+    previous, _device = _device, None if device is None else torch.device(device)
+    return previous
 
 
 def vjp(

@@ -438,6 +438,99 @@ def test_dropout_masks_come_from_seed_step_and_micro_batch():
     assert float(backend.forward(batch())) not in losses
 
 
+def keyed_dropout(x, rng, k, p):
+    """The mask the backend always drew for its ``k``-th dropout of a pass, applied to ``x``."""
+    draw = jax.random.uniform(jax.random.fold_in(rng, k), x.shape, x.dtype)
+    return x * (draw < 1 - p).astype(x.dtype) / (1 - p)
+
+
+def test_dropout_masks_are_keyed_as_they_always_were():
+    # Seeded runs and the paper results reproduce only if every mask is the one drawn before
+    # the layers ran through the core's forward: a bare MLP keyed by its hidden layer index
+    # from 0, every other model by the dropout's place in the run from 1.
+    from unitrain.backends.jax.layers import layers_apply
+    from unitrain.models import Dropout, Linear, ReLU, Sequential
+
+    rng, x = jax.random.key(3), jnp.asarray(batch(1)[0])
+    mlp = MLP((8, 16, 16, 4), dropout=0.3)
+    params = {k: jnp.asarray(v) for k, v in mlp.init_params(0).items()}
+
+    def dense(h, i):
+        return h @ params[f"layers.{i}.weight"] + params[f"layers.{i}.bias"]
+
+    h = keyed_dropout(jax.nn.relu(dense(x, 0)), rng, 0, 0.3)
+    h = keyed_dropout(jax.nn.relu(dense(h, 1)), rng, 1, 0.3)
+    out, _ = layers_apply(mlp)(params, {}, x, train=True, rng=rng)
+    np.testing.assert_allclose(out, dense(h, 2), rtol=1e-6, atol=1e-6)
+
+    chain = Sequential([Linear(8, 16), Dropout(0.5), ReLU(), Dropout(0.25)])
+    weights = {k: jnp.asarray(v) for k, v in chain.init_params(0).items()}
+    h = keyed_dropout(x @ weights["0.weight"] + weights["0.bias"], rng, 1, 0.5)
+    out, _ = layers_apply(chain)(weights, {}, x, train=True, rng=rng)
+    np.testing.assert_allclose(out, keyed_dropout(jax.nn.relu(h), rng, 2, 0.25), rtol=1e-6)
+
+
+def test_mlp_apply_is_a_deprecated_alias_of_the_generic_apply():
+    from unitrain.backends.jax.layers import layers_apply
+    from unitrain.backends.jax.model import mlp_apply
+
+    model = MLP((8, 16, 4), dropout=0.5)
+    params = {k: jnp.asarray(v) for k, v in model.init_params(0).items()}
+    x, rng = jnp.asarray(batch(0)[0]), jax.random.key(1)
+    with pytest.warns(DeprecationWarning, match="layers_apply"):
+        apply = mlp_apply(model)
+    expected, _ = layers_apply(model)(params, {}, x, train=True, rng=rng)
+    assert np.array_equal(apply(params, x, train=True, rng=rng), expected)
+    evaluated, _ = layers_apply(model)(params, {}, x, train=False, rng=None)
+    assert np.array_equal(apply(params, x, train=True, rng=None), evaluated)  # no key: no drop
+
+
+def test_a_layer_the_backend_never_heard_of_trains_like_the_reference():
+    import dataclasses
+
+    from unitrain import ops
+    from unitrain.models import AbstractLayer, Linear, Sequential
+
+    @dataclasses.dataclass(frozen=True)
+    class Scale(AbstractLayer, type_name="test_jax_scale"):
+        """``x * exp(log_scale)`` with a moving count of calls as its state."""
+
+        features: int
+
+        def own_param_shapes(self):
+            return {"log_scale": (self.features,)}
+
+        def own_state_shapes(self):
+            return {"calls": (1,)}
+
+        def _init_own_params(self, rng):
+            return {"log_scale": rng.normal(size=self.features) * 0.1}
+
+        def _init_own_state(self):
+            return {"calls": np.zeros(1)}
+
+        def forward(self, scope, x):
+            if scope.training:
+                scope.set_state("calls", scope.state("calls") + 1)
+            return x * ops.exp(scope.param("log_scale"))
+
+        def _output_shape(self, shape):
+            return shape
+
+    model = Sequential([Linear(8, 16), Scale(16), Linear(16, 4)])
+    opts = options(optimizer=optim.Adam())
+    ours, reference = JaxBackend(model, opts), NumpyBackend(model, opts)
+    for t in range(3):
+        for backend in (ours, reference):
+            backend.forward(batch(t))
+            backend.backward()
+            backend.step(0.01)
+    got, expected = ours.state_dict(), reference.state_dict()
+    assert list(got) == list(expected)
+    assert got["model.1.calls"][0] == 3
+    assert relative_error(got, expected) <= 1e-6
+
+
 def test_mse_matches_numpy():
     model = MLP((8, 16, 3), activation="gelu")
     x, _ = batch(0)

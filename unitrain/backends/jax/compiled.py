@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from unitrain import optim
-from unitrain.backends.jax.model import dropout_key, loss_function, portable_apply
+from unitrain.backends.jax.layers import layers_apply
+from unitrain.backends.jax.model import dropout_key, loss_function
 from unitrain.backends.jax.optimizers import build_optimizer, guarded_update
 from unitrain.backends.jax.precision import (
     MATMUL_ALGORITHMS,
@@ -131,7 +132,7 @@ def build_functions(
     computes forward and backward in that dtype over float32 master weights, and ``scaler``
     adds dynamic loss scaling (see :mod:`.precision`).
     """
-    apply = model if callable(model) else portable_apply(model)
+    apply = model if callable(model) else layers_apply(model)
     loss_fn, classification = loss_function(loss)
     optimizer_at = build_optimizer(optimizer_spec)
     counts: collections.Counter[str] = collections.Counter()

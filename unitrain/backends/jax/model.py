@@ -1,17 +1,17 @@
-"""Models and losses of the JAX backend: the portable MLP as a pure function, native models.
+"""Models and losses of the JAX backend: native models, losses, params pytrees by name.
 
 A JAX model here is a pure function and its params pytree; a model with state (BatchNorm
 statistics, counters: anything not trained by the optimizer) has a state pytree too and an
-apply that returns the new state beside the outputs. :func:`mlp_apply` builds the function
-for :class:`unitrain.models.MLP`; :class:`JaxModel` carries a user's own. Inside the backend
-every model is called in the stateful form (:data:`StatefulApplyFn`); a stateless one gets an
-empty state that costs nothing.
+apply that returns the new state beside the outputs. :func:`.layers.layers_apply` builds the
+function of a portable model (any :mod:`unitrain.models` layer); :class:`JaxModel` carries a
+user's own. Inside the backend every model is called in the stateful form
+(:data:`StatefulApplyFn`); a stateless one gets an empty state that costs nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -43,13 +43,6 @@ __all__ = [
 ApplyFn = Callable[..., jax.Array]
 #: ``apply(params, state, x, *, train, rng) -> (outputs, new_state)``.
 StatefulApplyFn = Callable[..., tuple[jax.Array, Any]]
-
-_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "relu": jax.nn.relu,
-    "tanh": jnp.tanh,
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # the exact erf form
-    "sigmoid": jax.nn.sigmoid,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,26 +96,24 @@ class NativeModel(NamedTuple):
 
 
 def mlp_apply(spec: MLP) -> ApplyFn:
-    """The pure apply function of ``spec`` over canonical ``layers.{i}.weight/bias`` params.
+    """Deprecated: the stateless apply of ``spec``; use :func:`.layers.layers_apply`.
 
-    Dropout keeps an activation where a uniform draw is below ``1 - dropout`` and scales the
-    survivors by ``1 / (1 - dropout)``, as the numpy reference does; the masks come from
-    ``jax.random`` (not numpy's stream), so they differ from other backends' masks.
+    Every portable model, the MLP included, now runs through :func:`.layers.layers_apply`
+    (stateful form, the same dropout masks as this function drew); this stays for code that
+    imported it.
     """
-    activation = _ACTIVATIONS[spec.activation]
-    last, keep = spec.num_layers - 1, 1.0 - spec.dropout
+    warnings.warn(
+        "unitrain.backends.jax.model.mlp_apply is deprecated: use "
+        "unitrain.backends.jax.layers.layers_apply(model), which runs any portable model "
+        "and returns (outputs, new_state)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    stateful = layers_apply(spec)
 
     def apply(params: Mapping[str, jax.Array], x: jax.Array, *, train: bool, rng: Any) -> Any:
-        h = x
-        for i in range(spec.num_layers):
-            h = h @ params[f"layers.{i}.weight"] + params[f"layers.{i}.bias"]
-            if i == last:
-                return h
-            h = activation(h)
-            if train and spec.dropout and rng is not None:
-                draw = jax.random.uniform(jax.random.fold_in(rng, i), h.shape, h.dtype)
-                h = h * ((draw < keep).astype(h.dtype) / keep)
-        raise AssertionError("unreachable")
+        # Without a key it never dropped; an MLP has no state, so that is eval mode.
+        return stateful(params, {}, x, train=train and rng is not None, rng=rng)[0]
 
     return apply
 
@@ -134,13 +125,6 @@ def with_state(apply: ApplyFn) -> StatefulApplyFn:
         return apply(params, x, train=train, rng=rng), state
 
     return stateful
-
-
-def portable_apply(spec: Any) -> StatefulApplyFn:
-    """The stateful apply function of a portable model (:mod:`.layers` for the layers)."""
-    if isinstance(spec, MLP):
-        return with_state(mlp_apply(spec))
-    return layers_apply(spec)
 
 
 def as_native_model(model: Any) -> NativeModel:

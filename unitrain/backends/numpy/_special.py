@@ -1,7 +1,8 @@
 """The error function and its complement in float64, for the numpy reference's ``erf`` and ``gelu``.
 
 numpy has no error function. scipy's is used where scipy is installed (scikit-learn, a
-dependency, brings it); without it the reference computes its own, to 1e-15 relative (erfc to 1e-14) for every input: below 1.25 the series
+dependency, brings it); without it the reference computes its own, to 1e-15 relative (erfc
+to 1e-14) for every input: below 1.25 the series
 erf(x) = 2/sqrt(pi) e^(-x^2) sum_k (2x^2)^k x / (1*3*...*(2k+1)), whose terms are all positive
 (no cancellation, unlike Taylor's); from 1.25 on Laplace's continued fraction
 erfc(x) = e^(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), which converges the

@@ -116,9 +116,7 @@ class AbstractLayer(abc.ABC):
         """Whether this layer itself calls ``scope.dropout`` (or draws random numbers) in
         train mode. The default reads a ``p``, ``dropout`` or ``attention_dropout`` field; a
         layer of your own that drops values under another name overrides this."""
-        return any(
-            bool(getattr(self, name, 0.0)) for name in ("p", "dropout", "attention_dropout")
-        )
+        return any(bool(getattr(self, name, 0.0)) for name in ("p", "dropout", "attention_dropout"))
 
     @property
     def drops_out(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from unitrain.ops._dispatch import active
 from unitrain.ops._types import Array
 
-__all__ = ["loop_scan", "scan"]
+__all__ = ["loop_scan", "loop_scan_of", "scan"]
 
 #: ``step(carry, x_t) -> (carry, y_t)``; a carry is an array or a tuple of arrays.
 Step = Callable[[Any, Array], tuple[Any, Array]]
@@ -43,3 +43,13 @@ def loop_scan(step: Step, init: Any, xs: Array, module: Any) -> tuple[Any, Array
         carry, y = step(carry, xs[t])
         outputs.append(y)
     return carry, module.stack(outputs, 0)
+
+
+def loop_scan_of(module: Any) -> Callable[[Step, Any, Array], tuple[Any, Array]]:
+    """The contract's ``scan`` for ``module``: :func:`loop_scan` over its ops. An eager backend
+    runs it step by step; under ``tf.function`` the loop is unrolled while tracing."""
+
+    def scan(step: Step, init: Any, xs: Array) -> tuple[Any, Array]:
+        return loop_scan(step, init, xs, module)
+
+    return scan

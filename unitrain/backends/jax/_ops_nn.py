@@ -10,7 +10,7 @@ is written out (see :func:`scaled_dot_product_attention`). Products run at the p
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -180,3 +180,10 @@ def scaled_dot_product_attention(
     total = jnp.sum(shifted, axis=-1, keepdims=True)
     weights = shifted / jnp.where(total > 0, total, 1)
     return jnp.einsum("...ls,...sd->...ld", weights, value, precision=_precision())
+
+
+def scan(step: Callable[[Any, Array], tuple[Any, Array]], init: Any, xs: Array) -> Any:
+    """``lax.scan``: the step is traced once, not once per position."""
+    if jnp.shape(xs)[0] < 1:
+        raise ValueError(f"scan needs at least one position along axis 0, got {jnp.shape(xs)}")
+    return lax.scan(step, init, xs)

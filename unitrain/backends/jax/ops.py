@@ -55,6 +55,7 @@ from unitrain.backends.jax._ops_nn import (  # noqa: F401  (re-exported)
     linear,
     max_pool,
     scaled_dot_product_attention,
+    scan,
 )
 from unitrain.ops import Array, Axis
 
@@ -492,10 +493,3 @@ def vjp(
             return list(pull(weights))
 
     return outputs, pullback
-
-
-def scan(step: Callable[[Any, Array], tuple[Any, Array]], init: Any, xs: Array) -> Any:
-    """``lax.scan``: the step is traced once, not once per position."""
-    if jnp.shape(xs)[0] < 1:
-        raise ValueError(f"scan needs at least one position along axis 0, got {jnp.shape(xs)}")
-    return lax.scan(step, init, xs)

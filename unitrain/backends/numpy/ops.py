@@ -32,6 +32,7 @@ Examples:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,6 +117,7 @@ from unitrain.backends.numpy._ops_shape import (  # noqa: F401  (re-exported)
     transpose,
 )
 from unitrain.ops import CONTRACT, Array
+from unitrain.ops.loops import loop_scan_of
 
 __all__ = [*CONTRACT, "Tracked", "to_numpy", "vjp"]
 
@@ -226,10 +228,5 @@ def vjp(
     return [np.asarray(value_of(o)) for o in outputs], pullback
 
 
-def scan(step: Any, init: Any, xs: Any) -> Any:
-    """The contract's loop, step by step (this backend runs eagerly)."""
-    import sys
-
-    from unitrain.ops.loops import loop_scan
-
-    return loop_scan(step, init, xs, sys.modules[__name__])
+#: The contract's loop over this module's own ops (see unitrain.ops.loops).
+scan = loop_scan_of(sys.modules[__name__])

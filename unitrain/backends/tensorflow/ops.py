@@ -27,6 +27,7 @@ in ``_ops_nn.py`` and imported here, so that this module holds the whole contrac
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from unitrain.backends.tensorflow._ops_nn import (  # noqa: F401  (re-exported)
     scaled_dot_product_attention,
 )
 from unitrain.ops import CONTRACT
+from unitrain.ops.loops import loop_scan_of
 
 __all__ = [*CONTRACT, "to_numpy", "vjp"]
 Array = Any
@@ -493,10 +495,5 @@ def vjp(
     return outputs, pullback
 
 
-def scan(step: Any, init: Any, xs: Any) -> Any:
-    """The contract's loop, step by step (this backend runs eagerly)."""
-    import sys
-
-    from unitrain.ops.loops import loop_scan
-
-    return loop_scan(step, init, xs, sys.modules[__name__])
+#: The contract's loop over this module's own ops (see unitrain.ops.loops).
+scan = loop_scan_of(sys.modules[__name__])

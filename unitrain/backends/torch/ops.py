@@ -33,6 +33,7 @@ The network ops (convolutions, pooling, attention; what they do where torch diff
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ from unitrain.backends.torch._ops_nn import (  # noqa: F401  (re-exported)
     scaled_dot_product_attention,
 )
 from unitrain.backends.torch.core import to_numpy
+from unitrain.ops.loops import loop_scan_of
 
 # A torch.Tensor, or a Python number where the contract takes one (as in unitrain.ops).
 Array = Any
@@ -486,10 +488,5 @@ def stop_gradient(x: Array) -> Array:
     return x.detach()
 
 
-def scan(step: Any, init: Any, xs: Any) -> Any:
-    """The contract's loop, step by step (this backend runs eagerly)."""
-    import sys
-
-    from unitrain.ops.loops import loop_scan
-
-    return loop_scan(step, init, xs, sys.modules[__name__])
+#: The contract's loop over this module's own ops (see unitrain.ops.loops).
+scan = loop_scan_of(sys.modules[__name__])

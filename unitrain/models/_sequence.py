@@ -7,6 +7,7 @@ cross-entropy of such a model averages over every token of the batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -188,13 +189,20 @@ def rotate(x: Any, base: float = 10000.0) -> Any:
     """Rotary position embedding of ``x`` ``(..., L, D)``: feature ``i`` and ``i + D/2`` of
     position ``t`` rotated by the angle ``t * base ** (-2i / D)`` (the half-split form)."""
     *_, length, size = ops.shape(x)
-    half = size // 2
-    angles = np.arange(length)[:, None] * base ** (-np.arange(half) * 2.0 / size)[None, :]
-    dtype = ops.dtype(x)
-    cos = ops.asarray(np.cos(np.concatenate([angles, angles], axis=1)), dtype)
-    sin = ops.asarray(np.sin(np.concatenate([angles, angles], axis=1)), dtype)
+    half, dtype = size // 2, ops.dtype(x)
+    cos, sin = (ops.asarray(table, dtype) for table in _rotary_tables(length, size, base))
     first, second = x[..., :half], x[..., half:]
     return x * cos + ops.concat([-second, first], axis=-1) * sin
+
+
+@functools.lru_cache(maxsize=64)
+def _rotary_tables(length: int, size: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 cosines and sines of :func:`rotate`, made once per shape (a forward runs
+    every step; the tables only change with the sequence length)."""
+    half = size // 2
+    angles = np.arange(length)[:, None] * base ** (-np.arange(half) * 2.0 / size)[None, :]
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles), np.sin(angles)
 
 
 def _attend_with_dropout(scope: Scope, q: Any, k: Any, v: Any, causal: bool, rate: float) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -36,11 +37,8 @@ class SinusoidalPositionalEmbedding(AbstractLayer, type_name="sinusoidal_positio
         check_float(owner, "base", self.base, low=1.0, low_open=True, rule="> 1")
 
     def table(self, length: int) -> np.ndarray:
-        """The ``(length, dim)`` signal in float64."""
-        angles = np.arange(length)[:, None] / self.base ** (np.arange(0, self.dim, 2) / self.dim)
-        out = np.empty((length, self.dim))
-        out[:, 0::2], out[:, 1::2] = np.sin(angles), np.cos(angles)
-        return out
+        """The ``(length, dim)`` signal in float64, made once per length (do not change it)."""
+        return _table(length, self.dim, float(self.base))
 
     def forward(self, scope: Scope, x: Any) -> Any:
         return x + ops.asarray(self.table(ops.shape(x)[1]), ops.dtype(x))
@@ -49,3 +47,11 @@ class SinusoidalPositionalEmbedding(AbstractLayer, type_name="sinusoidal_positio
         if len(shape) != 2 or shape[1] != self.dim:
             raise self._refuse(shape, f"(length, {self.dim})")
         return shape
+
+
+@functools.lru_cache(maxsize=64)
+def _table(length: int, dim: int, base: float) -> np.ndarray:
+    angles = np.arange(length)[:, None] / base ** (np.arange(0, dim, 2) / dim)
+    out = np.empty((length, dim))
+    out[:, 0::2], out[:, 1::2] = np.sin(angles), np.cos(angles)
+    return out

@@ -173,45 +173,50 @@ class Uniform(Initializer, type_name="uniform"):
         return rng.uniform(self.low, self.high, shape)
 
 
-def _scaled(shape: Shape, mode: str, scale: float) -> float:
-    """The variance ``scale / n`` of the variance-scaling family, ``n`` by ``mode``."""
-    fan_in, fan_out = fans(shape)
-    n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
-    return scale / n
+class _VarianceScaling(Initializer):
+    """Variance ``scale / n``, ``n`` the parameter's fan by ``mode``, drawn uniform (in
+    ``±sqrt(3 * variance)``) or normal (untruncated, as torch's)."""
+
+    mode: ClassVar[str]
+    scale: ClassVar[float]
+    uniform: ClassVar[bool]
+
+    def draw(self, rng: np.random.Generator, shape: Shape) -> np.ndarray:
+        fan_in, fan_out = fans(shape)
+        n = {"fan_in": fan_in, "fan_avg": (fan_in + fan_out) / 2}[self.mode]
+        variance = self.scale / n
+        if self.uniform:
+            bound = math.sqrt(3 * variance)
+            return rng.uniform(-bound, bound, shape)
+        return math.sqrt(variance) * rng.standard_normal(shape)
 
 
 @dataclasses.dataclass(frozen=True)
-class GlorotUniform(Initializer, type_name="glorot_uniform"):
+class GlorotUniform(_VarianceScaling, type_name="glorot_uniform"):
     """Uniform in ``±sqrt(6 / (fan_in + fan_out))`` (Glorot and Bengio; Keras' default)."""
 
-    def draw(self, rng: np.random.Generator, shape: Shape) -> np.ndarray:
-        bound = math.sqrt(3 * _scaled(shape, "fan_avg", 1.0))
-        return rng.uniform(-bound, bound, shape)
+    mode, scale, uniform = "fan_avg", 1.0, True
 
 
 @dataclasses.dataclass(frozen=True)
-class GlorotNormal(Initializer, type_name="glorot_normal"):
-    """Normal with variance ``2 / (fan_in + fan_out)`` (untruncated, as torch's)."""
+class GlorotNormal(_VarianceScaling, type_name="glorot_normal"):
+    """Normal with variance ``2 / (fan_in + fan_out)``."""
 
-    def draw(self, rng: np.random.Generator, shape: Shape) -> np.ndarray:
-        return math.sqrt(_scaled(shape, "fan_avg", 1.0)) * rng.standard_normal(shape)
+    mode, scale, uniform = "fan_avg", 1.0, False
 
 
 @dataclasses.dataclass(frozen=True)
-class HeUniform(Initializer, type_name="he_uniform"):
+class HeUniform(_VarianceScaling, type_name="he_uniform"):
     """Uniform in ``±sqrt(6 / fan_in)`` (He et al., for ReLU networks)."""
 
-    def draw(self, rng: np.random.Generator, shape: Shape) -> np.ndarray:
-        bound = math.sqrt(3 * _scaled(shape, "fan_in", 2.0))
-        return rng.uniform(-bound, bound, shape)
+    mode, scale, uniform = "fan_in", 2.0, True
 
 
 @dataclasses.dataclass(frozen=True)
-class HeNormal(Initializer, type_name="he_normal"):
-    """Normal with variance ``2 / fan_in`` (untruncated, as torch's ``kaiming_normal_``)."""
+class HeNormal(_VarianceScaling, type_name="he_normal"):
+    """Normal with variance ``2 / fan_in`` (torch's ``kaiming_normal_``)."""
 
-    def draw(self, rng: np.random.Generator, shape: Shape) -> np.ndarray:
-        return math.sqrt(_scaled(shape, "fan_in", 2.0)) * rng.standard_normal(shape)
+    mode, scale, uniform = "fan_in", 2.0, False
 
 
 @dataclasses.dataclass(frozen=True)

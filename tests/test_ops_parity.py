@@ -11,7 +11,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from unitrain.conformance._op_cases import OP_CASES, relative_error, run_case
+from unitrain.conformance._op_cases import OP_CASES
+from unitrain.conformance._op_run import relative_error, run_case
 
 #: Normwise relative error allowed per dtype: a few units in the last place of one op.
 BARS = {"float64": 1e-12}

@@ -14,13 +14,8 @@ import numpy as np
 import pytest
 
 from unitrain.backends.numpy import ops as reference
-from unitrain.conformance._op_cases import (
-    OP_CASES,
-    cotangents_for,
-    make_inputs,
-    relative_error,
-    run_case,
-)
+from unitrain.conformance._op_cases import OP_CASES, make_inputs
+from unitrain.conformance._op_run import cotangents_for, relative_error, run_case
 
 #: Central differences with a step of 1e-6 times the value are good to about 1e-9 here
 #: (truncation ~ step^2, rounding ~ 1e-16 / step); the analytic gradients measure 1e-11 to 2e-9.

@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 from unitrain import ops
-from unitrain.conformance._op_cases import (
-    OP_CASES,
-    cotangents_for,
-    make_inputs,
-    relative_error,
-    run_case,
-)
+from unitrain.conformance._op_cases import OP_CASES, make_inputs
+from unitrain.conformance._op_run import cotangents_for, relative_error, run_case
 
 tf = pytest.importorskip("tensorflow")
 tf_ops = pytest.importorskip("unitrain.backends.tensorflow.ops")

@@ -4,7 +4,8 @@ Each :class:`OpCase` names the contract function it exercises, the arrays it tak
 from a seed, so every backend sees the same numbers) and a call written against an ops
 module, operators included. The numpy reference's derivatives are checked on these cases
 against finite differences (``tests/test_ops_reference.py``); every backend's forward and
-vector-Jacobian product are checked against the reference on them.
+vector-Jacobian product are checked against the reference on them (:mod:`._op_run` runs a
+case).
 
 Inputs are drawn away from the points where a derivative jumps (``relu`` at 0, ties of
 ``max``), since there the frameworks may pick different one-sided derivatives.
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OP_CASES", "OpCase", "make_inputs", "relative_error", "run_case"]
+__all__ = ["OP_CASES", "OpCase", "make_inputs", "rounded"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +104,11 @@ def make_inputs(case: OpCase, rounded_to: str = "float64") -> list[np.ndarray]:
             value = rng.random(shape) < 0.6
         else:  # pragma: no cover - a typo in the table
             raise ValueError(f"unknown input kind {kind!r}")
-        made.append(_rounded(value, rounded_to) if value.dtype == np.float64 else value)
+        made.append(rounded(value, rounded_to) if value.dtype == np.float64 else value)
     return made
 
 
-def _rounded(value: np.ndarray, dtype: str) -> np.ndarray:
+def rounded(value: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":  # numpy has none: keep the top 16 bits of float32, to nearest even
         bits = value.astype(np.float32).view(np.uint32)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
@@ -134,6 +135,18 @@ def _unary(name: str, kind: str = "normal", shape: tuple[int, ...] = (3, 4)) -> 
 
 def _binary(name: str, a: str = "normal", b: str = "normal") -> OpCase:
     return _case(name, [(a, (3, 4)), (b, (4,))], lambda ops, x, y: getattr(ops, name)(x, y))
+
+
+def _bitwise(name: str, shift: bool = False) -> OpCase:
+    """An int32 bitwise op on words that wrapped (``i * 2654435761`` passes 2**31), as the
+    portable generator uses them, its result steering a float output."""
+
+    def call(ops: Any, x: Any, i: Any, j: Any) -> Any:
+        words = ops.multiply(ops.cast(i, "int32"), -1640531535)  # 2654435761 as an int32
+        other = 13 if shift else ops.cast(j, "int32")
+        return x * ops.cast(getattr(ops, name)(words, other), ops.dtype(x))
+
+    return _case(name, [("normal", (3, 4)), ("int:999", (3, 4)), ("int:999", (3, 4))], call)
 
 
 N, C = 2, 3  # batch and channels of the image cases
@@ -335,6 +348,9 @@ OP_CASES: tuple[OpCase, ...] = (
         [("int:5", (4,)), ("normal", (4, 5))],
         lambda ops, i, x: ops.one_hot(i, 5, ops.dtype(x)) * x,
     ),
+    # integer bits
+    *(_bitwise(f"bitwise_{name}") for name in ("and", "or", "xor")),
+    *(_bitwise(f"bitwise_{name}_shift", shift=True) for name in ("left", "right")),
     # networks
     _case("softmax", [("normal", (3, 5))], lambda ops, x: ops.softmax(x)),
     _case("softmax.axis0-large", [("large", (3, 5))], lambda ops, x: ops.softmax(x, 0)),
@@ -449,52 +465,3 @@ OP_CASES: tuple[OpCase, ...] = (
         lambda ops, x: ops.max_pool(x, 3, stride=2, padding=1),
     ),
 )
-
-
-def run_case(
-    module: Any, case: OpCase, dtype: str, rounded_to: str | None = None
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """``case`` on the backend whose ops module is ``module``, its floating inputs in
-    ``dtype``: the outputs and the input gradients for the cotangents of
-    :func:`cotangents_for`, as float64 numpy arrays.
-
-    ``rounded_to`` (default ``dtype``) is the dtype whose values the inputs and cotangents
-    hold: the reference runs in float64 on the values a backend in ``rounded_to`` was given,
-    so what is compared is the op, not the rounding of its inputs.
-
-    The backend's module provides, beside the contract, ``to_numpy(x)`` and
-    ``vjp(fn, arrays, wrt) -> (outputs, pullback)``: ``outputs`` the list of ``fn``'s output
-    arrays (one, or each of a tuple or list), ``pullback(cotangents)`` the gradients of the
-    inputs at positions ``wrt`` (zeros where an output does not depend on one).
-    """
-    from unitrain import ops
-
-    rounded_to = rounded_to or dtype
-    arrays = make_inputs(case, rounded_to)
-    native = [module.asarray(a, dtype if a.dtype.kind == "f" else None) for a in arrays]
-    wrt = case.grad_positions()
-    with ops.using(module):
-        outputs, pullback = module.vjp(lambda *xs: case.call(ops, *xs), native, wrt)
-        host = [np.asarray(module.to_numpy(o), dtype=np.float64) for o in outputs]
-        cotangents = cotangents_for(case, [o.shape for o in host], rounded_to)
-        grads = pullback([module.asarray(c, module.dtype(o)) for c, o in zip(cotangents, outputs)])
-    return host, [np.asarray(module.to_numpy(g), dtype=np.float64) for g in grads]
-
-
-def cotangents_for(
-    case: OpCase, shapes: Sequence[tuple[int, ...]], rounded_to: str = "float64"
-) -> list[np.ndarray]:
-    """The seeded cotangents that weigh each output of ``case`` (shapes of its outputs),
-    holding values of ``rounded_to``."""
-    rng = np.random.default_rng(zlib.crc32(f"{case.name}/cotangent".encode()))
-    return [_rounded(rng.standard_normal(shape), rounded_to) for shape in shapes]
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """``||got - want|| / ||want||`` (the absolute norm when ``want`` is all zeros); inf when
-    the shapes differ."""
-    if got.shape != want.shape:
-        return float("inf")
-    scale = float(np.linalg.norm(want))
-    difference = float(np.linalg.norm(got - want))
-    return difference / scale if scale > 0 else difference

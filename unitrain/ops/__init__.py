@@ -20,7 +20,10 @@ is added with the semantics written down here, where frameworks disagree. Conven
 - images are channels-last, ``(N, *spatial, C)``; kernels ``(*window, C_in / groups, C_out)``
   (``(*window, C_out, C_in)`` is torch's layout; the adapters convert);
 - the binary elementwise functions and comparisons take a Python number for either operand;
-- comparisons, ``argmax`` and casts to integer dtypes carry no gradient.
+- comparisons, ``argmax``, the bitwise functions and casts to integer dtypes carry no
+  gradient; integer ``add``/``subtract``/``multiply`` wrap around on overflow;
+- random numbers come from explicit keys through :mod:`unitrain.ops.random`, written once in
+  these ops, so every backend draws the same bits.
 
 Every name in :data:`CONTRACT` is a function here and in each backend's ops module, with the
 same parameters; ``tests/test_ops_contract.py`` checks it.
@@ -403,8 +406,39 @@ def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
     return active().one_hot(indices, depth, dtype)
 
 
+# -- integer bits (no gradient; the portable generator, unitrain.ops.random, is written in these)
+
+
+def bitwise_and(x: Array, y: Array) -> Array:
+    """Bitwise AND of integer arrays (or a Python int beside one)."""
+    return active().bitwise_and(x, y)
+
+
+def bitwise_or(x: Array, y: Array) -> Array:
+    """Bitwise OR of integer arrays (or a Python int beside one)."""
+    return active().bitwise_or(x, y)
+
+
+def bitwise_xor(x: Array, y: Array) -> Array:
+    """Bitwise exclusive OR of integer arrays (or a Python int beside one)."""
+    return active().bitwise_xor(x, y)
+
+
+def bitwise_left_shift(x: Array, y: Array) -> Array:
+    """``x`` shifted left by ``y`` bits (``0 <= y <`` the width), the bits shifted out of the
+    width dropped: on int32 this and ``add``/``subtract``/``multiply`` wrap modulo 2**32."""
+    return active().bitwise_left_shift(x, y)
+
+
+def bitwise_right_shift(x: Array, y: Array) -> Array:
+    """``x`` shifted right by ``y`` bits (``0 <= y <`` the width), copying the sign bit in
+    (arithmetic), as the array API has it for signed integers."""
+    return active().bitwise_right_shift(x, y)
+
+
 # -- networks (in _nn.py) ----------------------------------------------------------------------
 
+from unitrain.ops import random  # noqa: E402 - the generator is written in the ops above
 from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where the contract lists them
     avg_pool,
     conv,
@@ -431,8 +465,9 @@ CONTRACT = (
     "reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "concat", "stack",
     "split", "pad",
     "take", "take_along_axis", "one_hot",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift",
     "softmax", "log_softmax", "linear", "conv", "conv_transpose", "max_pool", "avg_pool",
     "scaled_dot_product_attention", "stop_gradient", "scan",
 )  # fmt: skip
 
-__all__ = ["CONTRACT", "active", "enter", "leave", "using", *CONTRACT]
+__all__ = ["CONTRACT", "active", "enter", "leave", "random", "using", *CONTRACT]

@@ -29,8 +29,8 @@ contract's (see :mod:`unitrain.ops`); what follows is where JAX needed a decisio
   the contract: :func:`abs` (JAX's is 1 at 0), :func:`clip` (JAX's is 1/2 at a bound) and
   :func:`power` (JAX's exponent gradient is NaN for a negative base).
 
-The network ops (convolutions, pooling, attention) are in ``_ops_nn.py`` and imported here, so
-that this module holds the whole contract.
+The network ops (convolutions, pooling, attention) are in ``_ops_nn.py``, gathers and bitwise
+functions in ``_ops_int.py``, both imported here, so that this module holds the whole contract.
 """
 
 from __future__ import annotations
@@ -47,6 +47,15 @@ import numpy as np
 from jax import lax
 from jax.scipy import special
 
+from unitrain.backends.jax._ops_int import (  # noqa: F401  (re-exported)
+    bitwise_and,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
+    take,
+    take_along_axis,
+)
 from unitrain.backends.jax._ops_nn import (  # noqa: F401  (re-exported)
     _precision,
     avg_pool,
@@ -412,14 +421,6 @@ def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Arra
 
 
 # -- indexing ----------------------------------------------------------------------------------
-
-
-def take(x: Array, indices: Array, axis: int = 0) -> Array:
-    return jnp.take(x, indices, axis)  # mode "fill": NaN out of range; repeats add gradients
-
-
-def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
-    return jnp.take_along_axis(x, indices, axis)
 
 
 def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:

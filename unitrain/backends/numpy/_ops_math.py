@@ -224,3 +224,26 @@ def logical_not(x: Array) -> Array:
 
 def isfinite(x: Array) -> Array:
     return np.isfinite(value_of(x))
+
+
+# -- integer bits (no gradient) ----------------------------------------------------------------
+
+
+def bitwise_and(x: Array, y: Array) -> Array:
+    return np.bitwise_and(value_of(x), value_of(y))
+
+
+def bitwise_or(x: Array, y: Array) -> Array:
+    return np.bitwise_or(value_of(x), value_of(y))
+
+
+def bitwise_xor(x: Array, y: Array) -> Array:
+    return np.bitwise_xor(value_of(x), value_of(y))
+
+
+def bitwise_left_shift(x: Array, y: Array) -> Array:
+    return np.left_shift(value_of(x), value_of(y))
+
+
+def bitwise_right_shift(x: Array, y: Array) -> Array:
+    return np.right_shift(value_of(x), value_of(y))

@@ -55,6 +55,11 @@ from unitrain.backends.numpy._ops_array import (  # noqa: F401  (re-exported, or
 )
 from unitrain.backends.numpy._ops_math import (  # noqa: F401  (re-exported)
     abs,
+    bitwise_and,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
     clip,
     cos,
     equal,

@@ -22,7 +22,8 @@ names it). The operators are TensorFlow's own, and ``@`` takes no 1-D operand th
 (:func:`matmul` does).
 
 The network ops (convolutions, pooling, attention; what they do where TensorFlow differs) are
-in ``_ops_nn.py`` and imported here, so that this module holds the whole contract.
+in ``_ops_nn.py``, gathers and bitwise functions in ``_ops_int.py``, both imported here, so
+that this module holds the whole contract.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from unitrain.backends.tensorflow._ops_int import (  # noqa: F401  (re-exported)
+    bitwise_and,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
+    take,
+    take_along_axis,
+)
 from unitrain.backends.tensorflow._ops_nn import (  # noqa: F401  (re-exported)
     avg_pool,
     conv,
@@ -415,28 +425,6 @@ def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Arra
 
 
 # -- indexing ----------------------------------------------------------------------------------
-
-
-def take(x: Array, indices: Array, axis: int = 0) -> Array:
-    """``tf.gather``; its gradient is an ``IndexedSlices`` that sums repeated indices when
-    densified (``vjp`` does)."""
-    return tf.gather(x, indices, axis=axis)
-
-
-def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
-    """A gather along the last axis with every other axis a batch axis (``axis`` is moved
-    last and back; the other axes broadcast, as in numpy)."""
-    rank = x.shape.rank
-    axis %= rank
-    if axis != rank - 1:
-        order = [*range(axis), *range(axis + 1, rank), axis]
-        picked = take_along_axis(tf.transpose(x, order), tf.transpose(indices, order), -1)
-        return tf.transpose(picked, np.argsort(order).tolist())
-    if x.shape[:-1] != indices.shape[:-1] or not x.shape[:-1].is_fully_defined():
-        batch = tf.broadcast_dynamic_shape(tf.shape(x)[:-1], tf.shape(indices)[:-1])
-        x = tf.broadcast_to(x, tf.concat([batch, tf.shape(x)[-1:]], 0))
-        indices = tf.broadcast_to(indices, tf.concat([batch, tf.shape(indices)[-1:]], 0))
-    return tf.gather(x, indices, axis=rank - 1, batch_dims=rank - 1)
 
 
 def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:

@@ -28,7 +28,8 @@ while it is active (a ``TorchFunctionMode``), a cost on each op of a training st
 made from an array (``zeros_like``, results of ops) stay on its device.
 
 The network ops (convolutions, pooling, attention; what they do where torch differs) are in
-``_ops_nn.py`` and imported here, so that this module holds the whole contract.
+``_ops_nn.py``, gathers and bitwise functions in ``_ops_int.py``, both imported here, so that
+this module holds the whole contract.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from unitrain.backends.torch._ops_int import (  # noqa: F401  (re-exported)
+    bitwise_and,
+    bitwise_left_shift,
+    bitwise_or,
+    bitwise_right_shift,
+    bitwise_xor,
+    take,
+    take_along_axis,
+)
 from unitrain.backends.torch._ops_nn import (  # noqa: F401  (re-exported)
     avg_pool,
     conv,
@@ -447,22 +457,6 @@ def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Arra
 
 
 # -- indexing ----------------------------------------------------------------------------------
-
-
-def take(x: Array, indices: Array, axis: int = 0) -> Array:
-    """``index_select``, whose gradient adds up repeated indices (deterministically on CUDA
-    under ``torch.use_deterministic_algorithms``); indices of any rank are flattened and the
-    result reshaped."""
-    if indices.ndim == 1:
-        return torch.index_select(x, axis, indices)
-    axis %= x.ndim
-    picked = torch.index_select(x, axis, indices.reshape(-1))
-    return picked.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])
-
-
-def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
-    # take_along_dim broadcasts like numpy; gather would silently take a corner instead.
-    return torch.take_along_dim(x, indices.to(torch.int64), dim=axis)
 
 
 def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:

@@ -356,6 +356,12 @@ OP_CASES: tuple[OpCase, ...] = (
     _case("softmax.axis0-large", [("large", (3, 5))], lambda ops, x: ops.softmax(x, 0)),
     _case("log_softmax", [("normal", (3, 5))], lambda ops, x: ops.log_softmax(x, axis=-1)),
     _case(
+        "layer_norm",
+        [("normal", (2, 3, 5)), ("normal", (5,)), ("normal", (5,))],
+        lambda ops, x, w, b: ops.layer_norm(x, w, b, 1e-3),
+    ),
+    _case("layer_norm.offset-bare", [("offset", (4, 6))], lambda ops, x: ops.layer_norm(x)),
+    _case(
         "conv.1d",
         [("normal", (N, 9, C)), ("normal", (3, C, 4))],
         lambda ops, x, k: ops.conv(x, k),

@@ -443,6 +443,7 @@ from unitrain.ops._nn import (  # noqa: E402, F401 - re-exported; listed where t
     avg_pool,
     conv,
     conv_transpose,
+    layer_norm,
     linear,
     log_softmax,
     max_pool,
@@ -466,7 +467,8 @@ CONTRACT = (
     "split", "pad",
     "take", "take_along_axis", "one_hot",
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift",
-    "softmax", "log_softmax", "linear", "conv", "conv_transpose", "max_pool", "avg_pool",
+    "softmax", "log_softmax", "linear", "layer_norm", "conv", "conv_transpose", "max_pool",
+    "avg_pool",
     "scaled_dot_product_attention", "stop_gradient", "scan",
 )  # fmt: skip
 

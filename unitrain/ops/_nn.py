@@ -1,10 +1,14 @@
-"""The network ops of the contract: softmax, convolution and its transpose, pooling, attention.
+"""The network ops of the contract: softmax, convolution and its transpose, pooling, attention,
+layer normalisation.
 
 They are here, apart from the array operations in :mod:`unitrain.ops`, as each backend keeps
 them apart in its ``_ops_nn`` module; :mod:`unitrain.ops` exports them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from unitrain.ops._dispatch import active
 from unitrain.ops._types import Array, Pairish
@@ -102,6 +106,43 @@ def scaled_dot_product_attention(
     zeros, not NaN.
     """
     return active().scaled_dot_product_attention(query, key, value, mask, causal, scale)
+
+
+def layer_norm(
+    x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5
+) -> Array:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (the biased
+    variance), ``weight`` and ``bias`` of the last axis's size or None.
+
+    float16 and bfloat16 inputs are normalised in float32 (statistics in the low dtype lose
+    the digits that matter), with ``weight`` and ``bias`` in float32, and the result handed on
+    in the input's dtype, as torch's autocast, Keras and Flax do. One op, so that a backend
+    with a fused kernel uses it (torch's ``layer_norm``: one kernel forward and one backward,
+    where the composed form is eight); :func:`layer_norm_of` is the composed form.
+    """
+    return active().layer_norm(x, weight, bias, eps)
+
+
+def layer_norm_of(module: Any) -> Callable[..., Array]:
+    """The contract's ``layer_norm`` composed from ``module``'s own ops (``moments``, ``rsqrt``,
+    ``cast``), for a backend without a fused kernel; the numpy reference differentiates it
+    through its ops' derivatives."""
+
+    def layer_norm(
+        x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5
+    ) -> Array:
+        low = module.dtype(x)
+        work = "float32" if low in ("bfloat16", "float16") else low
+        x = module.cast(x, work) if work != low else x
+        mean, var = module.moments(x, -1, keepdims=True)
+        out = (x - mean) * module.rsqrt(var + eps)
+        if weight is not None:
+            out = out * module.cast(weight, work)
+        if bias is not None:
+            out = out + module.cast(bias, work)
+        return module.cast(out, low) if work != low else out
+
+    return layer_norm
 
 
 def stop_gradient(x: Array) -> Array:

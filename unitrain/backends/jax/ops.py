@@ -38,6 +38,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import itertools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,6 +68,7 @@ from unitrain.backends.jax._ops_nn import (  # noqa: F401  (re-exported)
     scan,
 )
 from unitrain.ops import Array, Axis
+from unitrain.ops._nn import layer_norm_of
 
 _DTYPES: dict[str, Any] = {
     "float16": jnp.float16,
@@ -439,6 +441,7 @@ def log_softmax(x: Array, axis: int = -1) -> Array:
 
 
 # conv, conv_transpose, max_pool, avg_pool and scaled_dot_product_attention: _ops_nn.py.
+layer_norm = layer_norm_of(sys.modules[__name__])  # composed (XLA fuses it)
 
 
 def stop_gradient(x: Array) -> Array:

@@ -122,6 +122,7 @@ from unitrain.backends.numpy._ops_shape import (  # noqa: F401  (re-exported)
     transpose,
 )
 from unitrain.ops import CONTRACT, Array
+from unitrain.ops._nn import layer_norm_of
 from unitrain.ops.loops import loop_scan_of
 
 __all__ = [*CONTRACT, "Tracked", "to_numpy", "vjp"]
@@ -235,3 +236,4 @@ def vjp(
 
 #: The contract's loop over this module's own ops (see unitrain.ops.loops).
 scan = loop_scan_of(sys.modules[__name__])
+layer_norm = layer_norm_of(sys.modules[__name__])

@@ -188,7 +188,9 @@ def scaled_dot_product_attention(
 ) -> Array:
     """The attention written out. With a mask, the softmax is taken over the kept scores only
     (the others are -inf before ``exp``, so no gradient passes them) and a row that keeps
-    nothing divides zeros by one."""
+    nothing divides zeros by one. A causal mask alone keeps at least the first score of every
+    row, so it takes ``tf.nn.softmax`` of the masked scores: one kernel where the general form
+    runs six."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     scores = tf.linalg.matmul(query, key, transpose_b=True) * scale
@@ -197,9 +199,10 @@ def scaled_dot_product_attention(
         rows = tf.range(tf.shape(scores)[-2])[:, None]
         lower = tf.math.greater_equal(rows, tf.range(tf.shape(scores)[-1]))
         keep = lower if keep is None else tf.math.logical_and(keep, lower)
-    if keep is None:
-        return tf.linalg.matmul(tf.nn.softmax(scores, -1), value)
     never = tf.constant(-math.inf, scores.dtype)
+    if mask is None:  # every row keeps a score (the first, when causal)
+        masked = scores if keep is None else tf.where(keep, scores, never)
+        return tf.linalg.matmul(tf.nn.softmax(masked, -1), value)
     peak = tf.math.reduce_max(tf.where(keep, scores, never), -1, keepdims=True)
     peak = tf.stop_gradient(tf.where(tf.math.is_finite(peak), peak, tf.zeros_like(peak)))
     weights = tf.math.exp(tf.where(keep, scores - peak, never))

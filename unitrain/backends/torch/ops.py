@@ -55,6 +55,7 @@ from unitrain.backends.torch._ops_nn import (  # noqa: F401  (re-exported)
     avg_pool,
     conv,
     conv_transpose,
+    layer_norm,
     linear,
     max_pool,
     scaled_dot_product_attention,

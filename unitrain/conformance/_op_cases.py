@@ -360,7 +360,9 @@ OP_CASES: tuple[OpCase, ...] = (
         [("normal", (2, 3, 5)), ("normal", (5,)), ("normal", (5,))],
         lambda ops, x, w, b: ops.layer_norm(x, w, b, 1e-3),
     ),
-    _case("layer_norm.offset-bare", [("offset", (4, 6))], lambda ops, x: ops.layer_norm(x)),
+    # Not on "offset" data: normalising data at 64 with a spread of 0.25 multiplies float32's
+    # rounding of the mean by 256, more than a step's tolerance; moments.offset checks that.
+    _case("layer_norm.bare", [("normal", (4, 6))], lambda ops, x: ops.layer_norm(x, eps=1e-3)),
     _case(
         "conv.1d",
         [("normal", (N, 9, C)), ("normal", (3, C, 4))],

@@ -4,12 +4,13 @@ themselves in their class statement and are rebuilt from ``{"type": name, **fiel
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from unitrain._errors import ConfigError
 
-__all__ = ["TypeRegistry", "check_fields"]
+__all__ = ["TypeRegistry", "check_fields", "did_you_mean"]
 
 _T = TypeVar("_T")
 
@@ -88,8 +89,25 @@ def check_fields(cls: type, data: Mapping[str, Any], what: str) -> None:
     if unknown := sorted(given - allowed):
         raise ConfigError(
             f"{what} has no field(s) {', '.join(unknown)}; its fields are: {expected}"
+            + did_you_mean(unknown[0], [f.name for f in fields])
         )
     if missing := sorted(required - given):
         raise ConfigError(
             f"{what} is missing field(s) {', '.join(missing)}; its fields are: {expected}"
         )
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """A hint naming the choice closest to a misspelt ``name``, or ``""`` when none is close.
+
+    A list of twenty field names makes the reader search for the one they meant; the closest
+    one, named, is what they almost always meant (``epoch`` for ``epochs``).
+
+    Examples:
+        >>> did_you_mean("epoch", ["batch_size", "epochs", "seed"])
+        " (did you mean 'epochs'?)"
+        >>> did_you_mean("xyz", ["batch_size", "epochs"])
+        ''
+    """
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from unitrain._errors import ConfigError
+from unitrain._fields import did_you_mean
 from unitrain.callbacks import callback_from_dict
 from unitrain.metrics import metric_from_dict, resolve_metrics
 from unitrain.models import model_from_dict
@@ -379,9 +380,12 @@ def apply_overrides(
         if section == "config":
             if len(path) != 2:
                 raise ConfigError(f"--set {assignment!r}: config fields are not nested")
-            fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+            fields = [f.name for f in dataclasses.fields(TrainerConfig)]  # declaration order
             if path[1] not in fields:
-                raise ConfigError(f"--set {assignment!r}: unknown config field; known {fields}")
+                raise ConfigError(
+                    f"--set {assignment!r}: unknown config field{did_you_mean(path[1], fields)}; "
+                    f"the fields are: {', '.join(fields)}"
+                )
             _trust.check_recipe_data(
                 {"config": {path[1]: value}},
                 allow_imports=allow_imports,

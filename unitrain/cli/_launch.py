@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
+from unitrain.cli._help import plain_text
 from unitrain.training._preemption import PREEMPTION_EXIT_STATUS, handling
 
 __all__ = [
@@ -189,7 +190,11 @@ def _watch(started: list[subprocess.Popen[bytes]], forward: SignalForwarder) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``--workers N --environment pkg.mod:function -- program...`` and run it."""
-    parser = argparse.ArgumentParser(prog="python -m unitrain.cli._launch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m unitrain.cli._launch",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the paragraphs apart
+    )
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--environment", required=True, help="pkg.mod:function")
     parser.add_argument("program", nargs=argparse.REMAINDER)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unitrain._errors import CheckpointError, UnitrainError
+from unitrain.cli._help import plain_text
 from unitrain.cli._launch import launched_worker
 from unitrain.cli._train import quiet_framework_import
 from unitrain.training._preemption import PREEMPTION_EXIT_STATUS, Preempted, stopping_at_once
@@ -202,7 +203,9 @@ def _add_recipe_arguments(command: argparse.ArgumentParser, *, one_backend: bool
 def _parser() -> argparse.ArgumentParser:
     from unitrain.cli._train import compare, train
 
-    parser = argparse.ArgumentParser(prog="unitrain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="unitrain", description=plain_text(__doc__).splitlines()[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train a recipe (default: the digits MLP)")
     _add_recipe_arguments(training, one_backend=True)

@@ -16,6 +16,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,7 @@ class FakeTrainer:
         self.has_validation = has_validation
         self.base_lr = base_lr
         self.lr_factor = 1.0
+        self.strategy = SimpleNamespace(is_main=True)  # one process: rank 0
 
     @property
     def lr(self) -> float:
@@ -650,6 +652,28 @@ def test_reduce_lr_on_plateau_state_round_trip():
         second.on_epoch_end(trainer, epoch, {"score": value})
         lrs.append(trainer.lr)
     assert lrs == pytest.approx(whole[4:], rel=1e-12)
+
+
+def test_reduce_lr_on_plateau_prints_one_line_per_reduction(capsys):
+    """A reduction is said, as Keras's ``verbose=1`` does: the epoch, the old and new LR,
+    the monitored value. Silence made a halved LR in the logs look like a training bug."""
+    callback = ReduceLROnPlateau(monitor="score", mode="min", factor=0.5, patience=2)
+    lr_trajectory(callback, [1.0, 1.0, 1.0, 0.5])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "ReduceLROnPlateau: epoch 3: lr 0.1 -> 0.05 (score=1, no improvement on 1 for 2 epochs)"
+    ]
+
+
+@pytest.mark.parametrize("verbose, is_main", [(False, True), (True, False)])
+def test_reduce_lr_on_plateau_is_silent_when_asked_or_off_rank_0(capsys, verbose, is_main):
+    callback = ReduceLROnPlateau(monitor="score", mode="min", patience=0, verbose=verbose)
+    trainer = FakeTrainer()
+    trainer.strategy.is_main = is_main
+    callback.on_train_begin(trainer)
+    for epoch in range(3):
+        callback.on_epoch_end(trainer, epoch, {"score": 1.0})
+    assert trainer.lr < 0.1 and capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from unitrain._errors import ConfigError
@@ -30,6 +31,9 @@ class ReduceLROnPlateau(Callback):
         min_delta: improvement threshold (Keras's default 1e-4).
         cooldown: epochs to wait after a reduction.
         min_lr: lower bound of the effective learning rate.
+        verbose: print one line at each reduction (the epoch, the monitored value, the old
+            and new learning rate), as Keras's ``verbose=1`` does; rank 0 prints it. On by
+            default, since an LR that drops silently reads in the logs as a training bug.
     """
 
     def __init__(
@@ -41,6 +45,7 @@ class ReduceLROnPlateau(Callback):
         min_delta: float = 1e-4,
         cooldown: int = 0,
         min_lr: float = 0.0,
+        verbose: bool = True,
     ) -> None:
         if not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0:
             raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got factor={factor!r}")
@@ -51,6 +56,7 @@ class ReduceLROnPlateau(Callback):
             raise ConfigError(f"ReduceLROnPlateau: min_lr must be >= 0, got min_lr={min_lr!r}")
         self.monitor = Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
         self.factor, self.patience, self.cooldown, self.min_lr = factor, patience, cooldown, min_lr
+        self.verbose = verbose
         self._reset()
 
     def _reset(self) -> None:
@@ -75,7 +81,19 @@ class ReduceLROnPlateau(Callback):
             if self.wait >= self.patience and lr > self.min_lr:
                 # As in Keras, a plateau already at min_lr neither resets wait nor cools down.
                 trainer.lr_factor *= max(lr * self.factor, self.min_lr) / lr
+                if self.verbose and trainer.strategy.is_main:
+                    self._say(epoch, current, lr, trainer.lr)
                 self.cooldown_counter, self.wait = self.cooldown, 0
+
+    def _say(self, epoch: int, current: float, old_lr: float, new_lr: float) -> None:
+        """Print the reduction on one line, flushed so that a log file shows it at once."""
+        print(
+            f"ReduceLROnPlateau: epoch {epoch + 1}: lr {old_lr:.4g} -> {new_lr:.4g} "
+            f"({self.monitor.name}={current:.6g}, no improvement on {self.best:.6g} for "
+            f"{self.wait} epochs)",
+            file=sys.stdout,
+            flush=True,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}

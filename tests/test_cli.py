@@ -246,8 +246,9 @@ def test_epoch_lines_stream_as_they_happen_and_the_stop_reason_is_printed(tmp_pa
     trainer.config = TrainerConfig(epochs=2, batch_size=4)
     trainer.fit((np.zeros((8, 2), "float32"), np.zeros(8, "int64")))
     lines = "".join(text for kind, text in flushes).splitlines()
-    assert lines[0].startswith("epoch 1/2: loss=") and lines[1].startswith("epoch 2/2: ")
-    assert [kind for kind, _ in flushes].count("flush") >= 2  # each line flushed as printed
+    assert lines[0] == "epoch 1/2: training ..."  # the stream is no terminal: say it started
+    assert lines[1].startswith("epoch 1/2: loss=") and lines[2].startswith("epoch 2/2: ")
+    assert [kind for kind, _ in flushes].count("flush") >= 3  # each line flushed as printed
 
     out = tmp_path / "stop"
     args = ["train", "--backend", "numpy", "--out", str(out), "--set", "callbacks.0.patience=0"]

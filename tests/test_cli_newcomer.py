@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
 
+import numpy as np
 import pytest
 
+from unitrain import Trainer, TrainerConfig, models
+from unitrain.callbacks import Callback, ConsoleLogger
 from unitrain.cli import main
 from unitrain.cli._launch import main as launcher_main
 
@@ -46,3 +50,55 @@ def test_the_launcher_help_is_plain_text(capsys):
     shown = capsys.readouterr().out
     assert "Start N local workers" in shown and "runs python -m module args N times" in shown
     assert "``" not in shown and ":class:" not in shown
+
+
+class _Stream(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_off_a_terminal_a_line_says_the_first_epoch_started(terminal):
+    """A log file or pipe got nothing until the first epoch ended (25 s on JAX, compiling)."""
+    stream = _Stream(terminal)
+    started = []
+
+    class Watch(Callback):
+        def on_batch_begin(self, trainer, batch):
+            started.append(stream.getvalue())  # what the log held when the first step ran
+
+    trainer = Trainer(
+        models.MLP((2, 2)),
+        backend="numpy",
+        callbacks=[ConsoleLogger(stream=stream), Watch()],
+        config=TrainerConfig(epochs=2, batch_size=4),
+    )
+    trainer.fit((np.zeros((8, 2), "float32"), np.zeros(8, "int64")))
+    announced = "epoch 1/2: training ...\n"
+    assert started[0] == ("" if terminal else announced)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == (2 if terminal else 3)  # said once per fit, not every epoch
+
+
+def test_backends_prints_each_line_before_importing_the_next_framework(monkeypatch, capsys):
+    """Finding devices imports each framework (a minute for four); no line waited for all."""
+    from unitrain.cli import _main
+
+    seen_before_import = []
+
+    def record(name):
+        seen_before_import.append((name, capsys.readouterr().out))
+
+    monkeypatch.setattr(_main, "quiet_framework_import", record)
+    assert main(["backends"]) == 0
+    rest = capsys.readouterr().out
+    assert seen_before_import, "no backend installed"
+    first_out = seen_before_import[0][1]
+    assert first_out.startswith("backend ") and first_out.count("\n") == 1  # the header
+    for (_, out), (name, _) in zip(seen_before_import[1:], seen_before_import):
+        assert out.startswith(name + " ")  # the backend before it is printed already
+    assert rest.split()[0] == seen_before_import[-1][0]

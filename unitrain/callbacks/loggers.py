@@ -27,6 +27,9 @@ class ConsoleLogger(Callback):
     With several workers, only rank 0 keeps it (see :mod:`unitrain.backends.strategy`).
 
     Lines are flushed at once, so a log file fills while training runs, not when it ends.
+    Off a terminal, where no progress bar shows, a line also says when the first epoch of
+    each ``fit`` starts: the first epoch can take long (JAX compiles; 25 s on the digits)
+    and a log that stays empty that long looks hung.
 
     Args:
         stream: where to print; None is ``sys.stdout`` at the time of printing.
@@ -36,6 +39,21 @@ class ConsoleLogger(Callback):
 
     def __init__(self, stream: Any = None) -> None:
         self.stream = stream
+        self._started = False
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self._started = False
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        if self._started:
+            return
+        self._started = True
+        stream = self.stream or sys.stdout
+        isatty = getattr(stream, "isatty", None)
+        if not (callable(isatty) and isatty()):
+            print(
+                f"epoch {epoch + 1}/{trainer.config.epochs}: training ...", file=stream, flush=True
+            )
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
         shown = [

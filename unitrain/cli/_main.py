@@ -27,6 +27,12 @@ __all__ = ["main"]
 
 
 def _backends(args: argparse.Namespace) -> int:
+    """List the backends, one line each, printed as soon as that backend's devices are known.
+
+    Finding the devices imports the framework (seconds each, a minute for all four), so the
+    lines are not held back for a table sized to the slowest: the cheap columns are aligned
+    first and the devices, found last, end each line.
+    """
     from unitrain.backends.protocol import AvailableDevices
     from unitrain.backends.registry import get_backend, list_backends
 
@@ -36,27 +42,26 @@ def _backends(args: argparse.Namespace) -> int:
         found = cls.available_devices() if isinstance(cls, AvailableDevices) else None
         return ", ".join(found or cls.capabilities.devices)
 
-    rows = []
-    for info in list_backends():
+    found = list_backends()  # names, versions and targets from package metadata: no imports
+    rows = [
+        (i.name, i.framework_version or "-", "yes" if i.installed else "no", i.target)
+        for i in found
+    ]
+    header = ("backend", "version", "installed", "target")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str], devices: str) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)) + "  " + devices
+
+    print(line(header, "devices"), flush=True)
+    for info, row in zip(found, rows):
         devices = "-"
         if info.installed:
             try:
                 devices = devices_of(info.name)
             except UnitrainError as error:
                 devices = f"unavailable: {error}"
-        rows.append(
-            (
-                info.name,
-                info.framework_version or "-",
-                "yes" if info.installed else "no",
-                devices,
-                info.target,
-            )
-        )
-    header = ("backend", "version", "installed", "devices", "target")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print(line(row, devices), flush=True)
     return 0
 
 

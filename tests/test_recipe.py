@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from unitrain import ConfigError, callbacks, optim, schedules
+from unitrain import ConfigError, TrainerConfig, callbacks, optim, schedules
 from unitrain.recipes import (
     apply_overrides,
     load_recipe,
@@ -156,8 +156,36 @@ def test_a_recipe_that_takes_the_config_sizes_its_schedule_to_the_epochs_set():
     assert three.config.epochs == 3 and three.optimizer.momentum == 0.5
     assert three.schedule.warmup_steps == 45 and three.schedule.schedule.decay_steps == 2 * 45
     assert three.schedule(3 * 45) == pytest.approx(1e-3)  # fully decayed as the run ends
+    # The TOML file writes its lengths in epochs, so the same rule sizes it.
     toml = load_recipe(ROOT / "examples" / "recipes" / "digits.toml", ["config.epochs=3"])
-    assert toml.schedule.schedule.decay_steps == 9 * 45  # data: as written in the file
+    assert toml.schedule == three.schedule
+
+
+@pytest.mark.parametrize(
+    ("length", "config", "updates"),
+    [
+        ('"1 epoch"', {}, 45),
+        ('"0.5 epochs"', {}, 22),
+        ('"config.epochs epochs"', {"epochs": 4}, 180),
+        ('"(config.epochs - 1) epochs"', {"epochs": 1}, 1),  # never below one update
+        ('"2 epochs"', {"grad_accum_steps": 2}, 46),  # updates, not batches
+        ("45", {}, 45),
+    ],
+)
+def test_a_toml_schedule_length_in_epochs_counts_the_updates(tmp_path, length, config, updates):
+    text = (ROOT / "examples" / "recipes" / "digits.toml").read_text()
+    text = text.replace('warmup_steps = "1 epoch"', f"warmup_steps = {length}")
+    path = tmp_path / "epochs.toml"
+    path.write_text(text)
+    assignments = [f"config.{key}={value}" for key, value in config.items()]
+    assert load_recipe(path, assignments).schedule.warmup_steps == updates
+
+
+def test_a_length_in_epochs_needs_data_that_knows_its_size():
+    from unitrain.recipes._epochs import schedule_in_updates
+
+    with pytest.raises(ConfigError, match="no train_size"):
+        schedule_in_updates({"warmup_steps": "1 epoch"}, object(), TrainerConfig())
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from unitrain.metrics import metric_from_dict, resolve_metrics
 from unitrain.models import model_from_dict
 from unitrain.optim import SGD, Optimizer, optimizer_from_dict
 from unitrain.recipes import _toml, _trust
+from unitrain.recipes._epochs import schedule_in_updates
 from unitrain.schedules import AbstractSchedule, Constant
 from unitrain.schedules import from_dict as schedule_from_dict
 from unitrain.training.config import TrainerConfig
@@ -151,7 +152,9 @@ def load_recipe(
         overrides: ``section.key=value`` assignments, applied as :func:`apply_overrides`
             does. A Python ``recipe(config)`` that takes a config is called with the
             overridden one, so what it derives from the config (a schedule sized to
-            ``config.epochs``) follows ``--set config.epochs=3``.
+            ``config.epochs``) follows ``--set config.epochs=3``; so do a TOML schedule's
+            lengths written in epochs (``"(config.epochs - 1) epochs"``, see
+            :mod:`unitrain.recipes._epochs`).
         allow_imports: let the TOML file and the overrides name any class as
             ``"package.module:Class"``, which imports and runs it (``--allow-imports``).
         allow_absolute_paths: let them point loggers, checkpoints and the run's name
@@ -173,7 +176,13 @@ def load_recipe(
             f"({', '.join(BUILT_IN)}); pass a .py file with recipe() or a .toml file"
         )
     if path.suffix == ".toml":
-        recipe = recipe_from_dict(_toml.loads(path.read_text(encoding="utf-8"), path), **allowed)
+        tables = _toml.loads(path.read_text(encoding="utf-8"), path)
+        recipe = recipe_from_dict(tables, **allowed)
+        if config_only := [o for o in overrides if o.strip().startswith("config.")]:
+            # Read again with the config --set gives, as a Python recipe(config) is called
+            # again: schedule lengths written in epochs follow config.epochs=3.
+            config = apply_overrides(recipe, config_only, **allowed).config
+            recipe = recipe_from_dict({**tables, "config": _config_dict(config)}, **allowed)
     elif path.suffix == ".py":
         module_name = f"unitrain_recipe_{path.stem}"
         loader = importlib.util.spec_from_file_location(module_name, path)
@@ -318,13 +327,15 @@ def _recipe_from_data(
     }
     if "optimizer" in data:
         fields["optimizer"] = optimizer_from_dict(data["optimizer"])
-    if "schedule" in data:
-        fields["schedule"] = schedule_from_dict(data["schedule"])
     if "config" in data:
         try:
             fields["config"] = TrainerConfig(**data["config"])
         except TypeError as error:
             raise ConfigError(f"recipe [config]: {error}") from None
+    if "schedule" in data:
+        config = fields.get("config", TrainerConfig())
+        table = schedule_in_updates(data["schedule"], fields["data"], config)
+        fields["schedule"] = schedule_from_dict(table)
     for plain in ("loss", "name"):
         if plain in data:
             fields[plain] = data[plain]

@@ -6,11 +6,10 @@ Written as any recipe file is: ``recipe()`` returns a :class:`unitrain.recipes.R
 
 from __future__ import annotations
 
-import math
-
 from unitrain import callbacks, optim, schedules
 from unitrain.models import MLP
 from unitrain.recipes import Digits, Recipe
+from unitrain.recipes._epochs import updates_per_epoch
 from unitrain.training.config import TrainerConfig
 
 
@@ -21,7 +20,8 @@ def recipe(config: TrainerConfig | None = None) -> Recipe:
     """
     data = Digits()
     config = config or TrainerConfig(epochs=10, batch_size=32, log_every_n_steps=12)
-    steps_per_epoch = math.ceil(data.train_size / config.batch_size)
+    # The rule a TOML recipe writes as "1 epoch" and "(config.epochs - 1) epochs".
+    steps_per_epoch = updates_per_epoch(data.train_size, config)
     decay_steps = max(steps_per_epoch * (config.epochs - 1), 1)  # the epochs after the warmup
     return Recipe(
         name="digits",

@@ -305,12 +305,13 @@ def test_compare_prints_each_backend_per_epoch_and_plots(other, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("epoch"))
-    assert header.split() == ["epoch", "metric", "numpy", other, "max", "diff"]
+    assert header.split() == ["epoch", "metric", "numpy", other, "abs", "diff", "rel", "diff"]
     val_loss = [line.split() for line in lines if " val_loss " in f" {line} "]
     assert len(val_loss) == 2
     for row in val_loss:
-        numpy_value, other_value, spread = float(row[-3]), float(row[-2]), float(row[-1])
+        numpy_value, other_value, spread = float(row[-4]), float(row[-3]), float(row[-2])
         assert spread == pytest.approx(abs(numpy_value - other_value), abs=2e-6)
+        assert float(row[-1]) == pytest.approx(spread / max(numpy_value, other_value), abs=2e-6)
         assert spread < 1e-3  # the kit's promise, on this recipe
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +125,45 @@ def test_the_toml_digits_recipe_sizes_its_schedule_to_the_epochs_set_as_the_buil
     capsys.readouterr()
     assert len(set(last_lr.values())) == 1, last_lr
     assert next(iter(last_lr.values())) < 0.002  # decayed to about min_lr as the run ends
+
+
+def test_compare_labels_its_differences_absolute_and_relative():
+    """An unlabelled "max diff" of 2.18e+14 on a perplexity of 1e15 read as a broken backend."""
+    from unitrain.cli._train import _table
+
+    table = _table(
+        {
+            "numpy": [{"epoch": 1, "loss": 2.0, "val_perplexity": 1.0e15}],
+            "torch": [{"epoch": 1, "loss": 2.5, "val_perplexity": 1.218e15}],
+        }
+    ).splitlines()
+    assert table[0].split() == ["epoch", "metric", "numpy", "torch", "abs", "diff", "rel", "diff"]
+    assert table[1].split()[-2:] == ["5.00e-01", "2.00e-01"]  # 0.5 of 2.5
+    assert table[2].split()[-2:] == ["2.18e+14", "1.79e-01"]  # large, yet 18 %
+    assert table[-1].startswith("abs diff: ") and "rel diff: " in table[-1]
+
+
+def test_compare_warns_that_dropout_makes_the_backends_differ(tmp_path, monkeypatch):
+    from unitrain.cli import _train
+
+    text = (ROOT / "examples" / "recipes" / "digits.toml").read_text()
+    recipe = tmp_path / "dropout.toml"
+    recipe.write_text(text.replace("dropout = 0.0", "dropout = 0.2"))
+    failed = subprocess.CompletedProcess([], 1, "", "")
+    monkeypatch.setattr(_train.subprocess, "run", lambda *_, **__: failed)  # train nothing
+    argv = ["compare", str(recipe), "--backends", "numpy,torch", "--out", str(tmp_path / "c")]
+    with pytest.warns(UserWarning, match=r"dropout=0\.2.*draws its own dropout masks"):
+        assert main(argv) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dropout: no warning
+        assert main([*argv[:1], str(ROOT / "examples" / "recipes" / "digits.toml"), *argv[2:]]) == 1
+
+
+def test_dropout_is_found_in_layers_and_options_of_a_model():
+    from unitrain.cli._train import _dropout_in
+    from unitrain.models import MLP, Dropout, Linear, Sequential
+
+    assert _dropout_in(MLP((4, 2))) == ""
+    assert _dropout_in(MLP((4, 2), dropout=0.1)) == "dropout=0.1"
+    assert _dropout_in(Sequential([Linear(4, 4), Dropout(0.3)])) == "dropout p=0.3"
+    assert _dropout_in(object()) == ""  # a native model: nothing to read

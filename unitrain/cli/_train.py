@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ __all__ = ["compare", "quiet_framework_import", "train"]
 #: Metrics the comparison table shows first, when a run logs them.
 _FIRST = ("loss", "val_loss", "val_accuracy")
 _NOT_COMPARED = ("epoch", "step", "seconds", "skipped_steps", "run_id")
+#: Printed under the comparison table, so that its last two columns need no guessing.
+_LEGEND = (
+    "abs diff: the largest value minus the smallest; rel diff: abs diff / the largest magnitude"
+)
 
 
 def quiet_framework_import(backend: str) -> None:
@@ -195,6 +200,13 @@ def compare(args: argparse.Namespace) -> int:
     if len(backends) < 2:
         raise ConfigError(f"--backends needs two or more names, got {args.backends!r}")
     recipe = _recipe(args)
+    if dropout := _dropout_in(recipe.model):
+        warnings.warn(
+            f"the model drops values ({dropout}); each backend draws its own dropout masks, "
+            "so the backends' runs differ by more than rounding and their differences below "
+            "are expected (set the dropout to 0 to compare the arithmetic)",
+            stacklevel=1,
+        )
     out = Path(args.out or Path("runs") / f"compare-{recipe.name}")
     passed = [f"--set={assignment}" for assignment in args.set or []]
     if args.epochs is not None:
@@ -229,15 +241,44 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dropout_in(model: Any) -> str:
+    """The model's dropout settings above 0 (``"dropout=0.2"``), or ``""``.
+
+    Read from the model's description, so a native model (one without ``to_dict``) says
+    nothing: its layers are the framework's.
+    """
+    try:
+        described = model.to_dict()
+    except (AttributeError, ConfigError):
+        return ""
+    found: list[str] = []
+
+    def visit(item: Any) -> None:
+        if isinstance(item, dict):
+            if item.get("type") == "dropout" and item.get("p", 0.5):  # the Dropout layer
+                found.append(f"dropout p={item.get('p', 0.5)}")
+            for key, value in item.items():
+                if "dropout" in str(key) and isinstance(value, (int, float)) and value > 0:
+                    found.append(f"{key}={value}")
+                visit(value)
+        elif isinstance(item, (list, tuple)):
+            for value in item:
+                visit(value)
+
+    visit(described)
+    return ", ".join(dict.fromkeys(found))  # each setting once, in the order met
+
+
 def _table(runs: dict[str, list[dict[str, Any]]]) -> str:
-    """Per epoch and metric: each backend's value and the largest difference between them."""
+    """Per epoch and metric: each backend's value and the largest difference between them,
+    absolute and relative (a perplexity of 1e14 makes any absolute difference look large)."""
     names = list(runs)
     keys: list[str] = []
     for rows in runs.values():
         for row in rows:
             keys += [k for k in row if k not in keys and k not in _NOT_COMPARED]
     keys = [k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST]
-    header = ["epoch", "metric", *names, "max diff"]
+    header = ["epoch", "metric", *names, "abs diff", "rel diff"]
     lines = [header]
     epochs = max(len(rows) for rows in runs.values())
     for index in range(epochs):
@@ -246,16 +287,22 @@ def _table(runs: dict[str, list[dict[str, Any]]]) -> str:
             present = [v for v in values if isinstance(v, (int, float))]
             if not present:
                 continue
-            spread = max(present) - min(present) if len(present) == len(values) else None
+            if len(present) == len(values):
+                spread = max(present) - min(present)
+                largest = max(abs(v) for v in present)
+                differences = [f"{spread:.2e}", f"{spread / largest if largest else 0.0:.2e}"]
+            else:
+                differences = ["-", "-"]
             lines.append(
                 [
                     str(index + 1) if key == keys[0] else "",
                     key,
                     *("-" if v is None else f"{v:.6g}" for v in values),
-                    "-" if spread is None else f"{spread:.2e}",
+                    *differences,
                 ]
             )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
+    table = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines
-    )
+    ]
+    return "\n".join([*table, _LEGEND])

@@ -125,7 +125,8 @@ class AbstractLayer(abc.ABC):
 
     def child(self, name: str) -> AbstractLayer | None:
         """The child called ``name``, or None; looked up in a table made once per layer."""
-        return self._child_table().get(name)
+        table = self.__dict__.get("_children_by_name")  # the table's fast path, inlined
+        return (self._child_table() if table is None else table).get(name)
 
     def child_names(self) -> tuple[str, ...]:
         """The children's names in order, from the same table (``children()`` may build

@@ -83,8 +83,9 @@ class Scope:
 
     def param(self, local: str) -> Any:
         """This layer's own parameter ``local`` (as declared in ``own_param_shapes``)."""
+        prefix = self._prefix  # name() inlined: this runs for every parameter of every pass
         try:
-            return self._pass.params[self.name(local)]
+            return self._pass.params[f"{prefix}.{local}" if prefix else local]
         except KeyError:
             raise self._unknown("parameter", local, self.layer.own_param_shapes()) from None
 
@@ -121,9 +122,13 @@ class Scope:
 
     def call(self, name: str, *inputs: Any) -> Any:
         """Run child ``name`` on ``inputs`` and return its output."""
-        child = self.child(name)
-        out = child.layer.forward(child, *inputs)
-        after = self._pass.after_layer
+        layer = self.layer.child(name)
+        if layer is None:
+            return self.child(name)  # raises: no such child
+        run, prefix = self._pass, self._prefix  # child() inlined: a call per layer per pass
+        child = Scope(layer, run, (f"{prefix}.{name}" if prefix else name) if name else prefix)
+        out = layer.forward(child, *inputs)
+        after = run.after_layer
         return out if after is None else after(out)
 
     def dropout(self, x: Any, p: float) -> Any:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from unitrain.ops._dispatch import active, enter, leave, using
+from unitrain.ops._dispatch import active, current, enter, leave, using
 from unitrain.ops._types import Array, Axis, Pairish  # noqa: F401 - the backends' signatures
 
 # -- about arrays ------------------------------------------------------------------------------
@@ -49,12 +49,12 @@ from unitrain.ops._types import Array, Axis, Pairish  # noqa: F401 - the backend
 
 def shape(x: Array) -> tuple[int, ...]:
     """``x``'s shape as a tuple of Python ints."""
-    return active().shape(x)
+    return current().shape(x)
 
 
 def dtype(x: Array) -> str:
     """``x``'s dtype as a string (``"float32"``, ...)."""
-    return active().dtype(x)
+    return current().dtype(x)
 
 
 # -- making arrays -----------------------------------------------------------------------------
@@ -63,42 +63,42 @@ def dtype(x: Array) -> str:
 def asarray(x: Any, dtype: str | None = None) -> Array:
     """An array of the running backend from ``x`` (an array, a numpy array, nested lists or a
     number); ``dtype`` None keeps a floating array's dtype and makes Python floats float32."""
-    return active().asarray(x, dtype)
+    return current().asarray(x, dtype)
 
 
 def zeros(shape: Sequence[int], dtype: str = "float32") -> Array:
     """An array of zeros."""
-    return active().zeros(shape, dtype)
+    return current().zeros(shape, dtype)
 
 
 def ones(shape: Sequence[int], dtype: str = "float32") -> Array:
     """An array of ones."""
-    return active().ones(shape, dtype)
+    return current().ones(shape, dtype)
 
 
 def full(shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
     """An array filled with ``value``."""
-    return active().full(shape, value, dtype)
+    return current().full(shape, value, dtype)
 
 
 def zeros_like(x: Array) -> Array:
     """Zeros of ``x``'s shape and dtype."""
-    return active().zeros_like(x)
+    return current().zeros_like(x)
 
 
 def ones_like(x: Array) -> Array:
     """Ones of ``x``'s shape and dtype."""
-    return active().ones_like(x)
+    return current().ones_like(x)
 
 
 def arange(n: int, dtype: str = "int64") -> Array:
     """``0, 1, ..., n - 1``."""
-    return active().arange(n, dtype)
+    return current().arange(n, dtype)
 
 
 def cast(x: Array, dtype: str) -> Array:
     """``x`` in ``dtype``; the gradient flows back through float-to-float casts only."""
-    return active().cast(x, dtype)
+    return current().cast(x, dtype)
 
 
 # -- elementwise -------------------------------------------------------------------------------
@@ -106,144 +106,144 @@ def cast(x: Array, dtype: str) -> Array:
 
 def add(x: Array, y: Array) -> Array:
     """``x + y`` with broadcasting."""
-    return active().add(x, y)
+    return current().add(x, y)
 
 
 def subtract(x: Array, y: Array) -> Array:
     """``x - y`` with broadcasting."""
-    return active().subtract(x, y)
+    return current().subtract(x, y)
 
 
 def multiply(x: Array, y: Array) -> Array:
     """``x * y`` with broadcasting."""
-    return active().multiply(x, y)
+    return current().multiply(x, y)
 
 
 def divide(x: Array, y: Array) -> Array:
     """``x / y`` with broadcasting (true division)."""
-    return active().divide(x, y)
+    return current().divide(x, y)
 
 
 def power(x: Array, y: Array) -> Array:
     """``x ** y``; the gradient with respect to ``y`` uses ``log(x)`` and is taken only where
     ``x > 0`` (zero elsewhere), as torch and JAX do for a positive base."""
-    return active().power(x, y)
+    return current().power(x, y)
 
 
 def maximum(x: Array, y: Array) -> Array:
     """Elementwise maximum; at a tie the gradient is split evenly (as JAX and TensorFlow do;
     torch's ``maximum`` does the same)."""
-    return active().maximum(x, y)
+    return current().maximum(x, y)
 
 
 def minimum(x: Array, y: Array) -> Array:
     """Elementwise minimum; at a tie the gradient is split evenly."""
-    return active().minimum(x, y)
+    return current().minimum(x, y)
 
 
 def where(condition: Array, x: Array, y: Array) -> Array:
     """``x`` where ``condition`` holds, else ``y``; each gets the gradient of its picks."""
-    return active().where(condition, x, y)
+    return current().where(condition, x, y)
 
 
 def clip(x: Array, low: float, high: float) -> Array:
     """``x`` limited to ``[low, high]``; the gradient passes where ``low <= x <= high``."""
-    return active().clip(x, low, high)
+    return current().clip(x, low, high)
 
 
 def negative(x: Array) -> Array:
     """``-x``."""
-    return active().negative(x)
+    return current().negative(x)
 
 
 def abs(x: Array) -> Array:
     """``|x|``; the gradient at 0 is 0."""
-    return active().abs(x)
+    return current().abs(x)
 
 
 def sign(x: Array) -> Array:
     """-1, 0 or 1; no gradient (zero)."""
-    return active().sign(x)
+    return current().sign(x)
 
 
 def exp(x: Array) -> Array:
     """``e ** x``."""
-    return active().exp(x)
+    return current().exp(x)
 
 
 def expm1(x: Array) -> Array:
     """``e ** x - 1``, accurate near 0."""
-    return active().expm1(x)
+    return current().expm1(x)
 
 
 def log(x: Array) -> Array:
     """Natural logarithm."""
-    return active().log(x)
+    return current().log(x)
 
 
 def log1p(x: Array) -> Array:
     """``log(1 + x)``, accurate near 0."""
-    return active().log1p(x)
+    return current().log1p(x)
 
 
 def sqrt(x: Array) -> Array:
     """Square root."""
-    return active().sqrt(x)
+    return current().sqrt(x)
 
 
 def rsqrt(x: Array) -> Array:
     """``1 / sqrt(x)``."""
-    return active().rsqrt(x)
+    return current().rsqrt(x)
 
 
 def square(x: Array) -> Array:
     """``x * x``."""
-    return active().square(x)
+    return current().square(x)
 
 
 def sin(x: Array) -> Array:
     """Sine."""
-    return active().sin(x)
+    return current().sin(x)
 
 
 def cos(x: Array) -> Array:
     """Cosine."""
-    return active().cos(x)
+    return current().cos(x)
 
 
 def tanh(x: Array) -> Array:
     """Hyperbolic tangent."""
-    return active().tanh(x)
+    return current().tanh(x)
 
 
 def erf(x: Array) -> Array:
     """The error function."""
-    return active().erf(x)
+    return current().erf(x)
 
 
 def sigmoid(x: Array) -> Array:
     """``1 / (1 + e ** -x)``, without overflow for large ``|x|``."""
-    return active().sigmoid(x)
+    return current().sigmoid(x)
 
 
 def relu(x: Array) -> Array:
     """``max(x, 0)``; the gradient at 0 is 0."""
-    return active().relu(x)
+    return current().relu(x)
 
 
 def gelu(x: Array, approximate: bool = False) -> Array:
     """``x * Phi(x)`` with the exact normal CDF, or its tanh approximation."""
-    return active().gelu(x, approximate)
+    return current().gelu(x, approximate)
 
 
 def silu(x: Array) -> Array:
     """``x * sigmoid(x)``."""
-    return active().silu(x)
+    return current().silu(x)
 
 
 def softplus(x: Array) -> Array:
     """``log(1 + e ** x)``, without overflow."""
-    return active().softplus(x)
+    return current().softplus(x)
 
 
 # -- comparisons (no gradient) -----------------------------------------------------------------
@@ -251,32 +251,32 @@ def softplus(x: Array) -> Array:
 
 def equal(x: Array, y: Array) -> Array:
     """``x == y`` as bools."""
-    return active().equal(x, y)
+    return current().equal(x, y)
 
 
 def less(x: Array, y: Array) -> Array:
     """``x < y`` as bools."""
-    return active().less(x, y)
+    return current().less(x, y)
 
 
 def greater(x: Array, y: Array) -> Array:
     """``x > y`` as bools."""
-    return active().greater(x, y)
+    return current().greater(x, y)
 
 
 def logical_and(x: Array, y: Array) -> Array:
     """Both true."""
-    return active().logical_and(x, y)
+    return current().logical_and(x, y)
 
 
 def logical_not(x: Array) -> Array:
     """Not true."""
-    return active().logical_not(x)
+    return current().logical_not(x)
 
 
 def isfinite(x: Array) -> Array:
     """Neither inf nor NaN."""
-    return active().isfinite(x)
+    return current().isfinite(x)
 
 
 # -- reductions --------------------------------------------------------------------------------
@@ -284,39 +284,39 @@ def isfinite(x: Array) -> Array:
 
 def sum(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
     """Sum over ``axis``."""
-    return active().sum(x, axis, keepdims)
+    return current().sum(x, axis, keepdims)
 
 
 def mean(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
     """Mean over ``axis``."""
-    return active().mean(x, axis, keepdims)
+    return current().mean(x, axis, keepdims)
 
 
 def max(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
     """Maximum over ``axis``; the gradient is split evenly among tied maxima."""
-    return active().max(x, axis, keepdims)
+    return current().max(x, axis, keepdims)
 
 
 def min(x: Array, axis: Axis = None, keepdims: bool = False) -> Array:
     """Minimum over ``axis``; the gradient is split evenly among tied minima."""
-    return active().min(x, axis, keepdims)
+    return current().min(x, axis, keepdims)
 
 
 def argmax(x: Array, axis: int = -1) -> Array:
     """Index of the first maximum along ``axis`` (int64); no gradient."""
-    return active().argmax(x, axis)
+    return current().argmax(x, axis)
 
 
 def moments(x: Array, axis: Axis, keepdims: bool = False) -> tuple[Array, Array]:
     """``(mean, variance)`` over ``axis``: the population variance (divided by the count),
     computed from the deviations from the mean, so large offsets lose no precision (a
     one-pass ``E[x^2] - E[x]^2`` in float16 or bfloat16 can be negative)."""
-    return active().moments(x, axis, keepdims)
+    return current().moments(x, axis, keepdims)
 
 
 def logsumexp(x: Array, axis: Axis = -1, keepdims: bool = False) -> Array:
     """``log(sum(exp(x)))`` over ``axis``, shifted by the maximum so it cannot overflow."""
-    return active().logsumexp(x, axis, keepdims)
+    return current().logsumexp(x, axis, keepdims)
 
 
 # -- linear algebra ----------------------------------------------------------------------------
@@ -326,13 +326,13 @@ def matmul(x: Array, y: Array) -> Array:
     """Matrix product over the last two axes, batch axes broadcast (``x @ y``); a 1-D
     operand is a vector, as in numpy. Float32 products are computed in float32 on every
     backend (no TF32, JAX's HIGHEST precision)."""
-    return active().matmul(x, y)
+    return current().matmul(x, y)
 
 
 def einsum(subscripts: str, *operands: Array) -> Array:
     """Einstein summation with explicit output (``"bij,bjk->bik"``); each operand's letters
     are distinct (no diagonals) and there is no ``...``."""
-    return active().einsum(subscripts, *operands)
+    return current().einsum(subscripts, *operands)
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -340,49 +340,49 @@ def einsum(subscripts: str, *operands: Array) -> Array:
 
 def reshape(x: Array, shape: Sequence[int]) -> Array:
     """``x`` with a new shape of the same size; one entry may be -1."""
-    return active().reshape(x, shape)
+    return current().reshape(x, shape)
 
 
 def transpose(x: Array, axes: Sequence[int] | None = None) -> Array:
     """``x`` with its axes permuted (reversed when ``axes`` is None)."""
-    return active().transpose(x, axes)
+    return current().transpose(x, axes)
 
 
 def expand_dims(x: Array, axis: int) -> Array:
     """``x`` with a new axis of length 1 at ``axis``."""
-    return active().expand_dims(x, axis)
+    return current().expand_dims(x, axis)
 
 
 def squeeze(x: Array, axis: int | tuple[int, ...]) -> Array:
     """``x`` without the length-1 ``axis`` (an error if its length is not 1)."""
-    return active().squeeze(x, axis)
+    return current().squeeze(x, axis)
 
 
 def broadcast_to(x: Array, shape: Sequence[int]) -> Array:
     """``x`` broadcast to ``shape``; the gradient is summed back."""
-    return active().broadcast_to(x, shape)
+    return current().broadcast_to(x, shape)
 
 
 def concat(arrays: Sequence[Array], axis: int = 0) -> Array:
     """The arrays joined along an existing ``axis``."""
-    return active().concat(arrays, axis)
+    return current().concat(arrays, axis)
 
 
 def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
     """The arrays joined along a new ``axis``."""
-    return active().stack(arrays, axis)
+    return current().stack(arrays, axis)
 
 
 def split(x: Array, sizes: Sequence[int], axis: int = 0) -> list[Array]:
     """``x`` cut along ``axis`` into pieces of the given ``sizes`` (they add up to its length;
     torch's meaning of a list, not numpy's split indices)."""
-    return active().split(x, sizes, axis)
+    return current().split(x, sizes, axis)
 
 
 def pad(x: Array, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Array:
     """``x`` with ``widths[i] = (before, after)`` entries of ``value`` on each side of axis
     ``i`` (one pair per axis)."""
-    return active().pad(x, widths, value)
+    return current().pad(x, widths, value)
 
 
 # -- indexing ----------------------------------------------------------------------------------
@@ -392,18 +392,18 @@ def take(x: Array, indices: Array, axis: int = 0) -> Array:
     """The entries of ``x`` at integer ``indices`` along ``axis`` (an embedding lookup with
     ``axis=0``); indices out of range are an error where the backend can tell, undefined where
     it cannot (compiled code). Repeated indices add their gradients."""
-    return active().take(x, indices, axis)
+    return current().take(x, indices, axis)
 
 
 def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
     """``x``'s entries at ``indices``, which has ``x``'s rank and picks along ``axis`` (the
     target logit of each row: ``take_along_axis(logits, labels[:, None], 1)``)."""
-    return active().take_along_axis(x, indices, axis)
+    return current().take_along_axis(x, indices, axis)
 
 
 def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
     """``indices`` as one-hot vectors of length ``depth`` on a new last axis."""
-    return active().one_hot(indices, depth, dtype)
+    return current().one_hot(indices, depth, dtype)
 
 
 # -- integer bits (no gradient; the portable generator, unitrain.ops.random, is written in these)
@@ -411,29 +411,29 @@ def one_hot(indices: Array, depth: int, dtype: str = "float32") -> Array:
 
 def bitwise_and(x: Array, y: Array) -> Array:
     """Bitwise AND of integer arrays (or a Python int beside one)."""
-    return active().bitwise_and(x, y)
+    return current().bitwise_and(x, y)
 
 
 def bitwise_or(x: Array, y: Array) -> Array:
     """Bitwise OR of integer arrays (or a Python int beside one)."""
-    return active().bitwise_or(x, y)
+    return current().bitwise_or(x, y)
 
 
 def bitwise_xor(x: Array, y: Array) -> Array:
     """Bitwise exclusive OR of integer arrays (or a Python int beside one)."""
-    return active().bitwise_xor(x, y)
+    return current().bitwise_xor(x, y)
 
 
 def bitwise_left_shift(x: Array, y: Array) -> Array:
     """``x`` shifted left by ``y`` bits (``0 <= y <`` the width), the bits shifted out of the
     width dropped: on int32 this and ``add``/``subtract``/``multiply`` wrap modulo 2**32."""
-    return active().bitwise_left_shift(x, y)
+    return current().bitwise_left_shift(x, y)
 
 
 def bitwise_right_shift(x: Array, y: Array) -> Array:
     """``x`` shifted right by ``y`` bits (``0 <= y <`` the width), copying the sign bit in
     (arithmetic), as the array API has it for signed integers."""
-    return active().bitwise_right_shift(x, y)
+    return current().bitwise_right_shift(x, y)
 
 
 # -- networks (in _nn.py) ----------------------------------------------------------------------

@@ -18,24 +18,40 @@ from typing import Any
 
 from unitrain._errors import ConfigError
 
-__all__ = ["active", "enter", "leave", "using"]
+__all__ = ["active", "current", "enter", "leave", "using"]
 
-_ACTIVE: contextvars.ContextVar[ModuleType | None] = contextvars.ContextVar(
-    "unitrain_ops", default=None
+_OUTSIDE_MESSAGE = (
+    "unitrain.ops was called outside a backend: portable code runs inside the backend that "
+    "calls it (a layer's forward, a loss); to call ops yourself, wrap the calls in "
+    "`with unitrain.ops.using('numpy'):` (or 'torch', 'jax', 'tensorflow', or a backend's ops "
+    "module)"
 )
+
+
+class _Outside:
+    """The ops "module" outside a backend: looking up any function on it is the error that
+    says how to choose one. A default that fails on use, rather than None checked on every
+    call, keeps :func:`current` a plain ``ContextVar.get`` on the hot path."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ConfigError(_OUTSIDE_MESSAGE)
+
+
+_OUTSIDE: Any = _Outside()
+_ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("unitrain_ops", default=_OUTSIDE)
+
+#: The ops module in use, or a stand-in whose every function raises the error :func:`active`
+#: raises: what the contract's functions call (a C-level call, no Python frame of its own).
+current = _ACTIVE.get
 
 
 def active() -> ModuleType:
     """The ops module in use; an error that says how to choose one when none is."""
     module = _ACTIVE.get()
-    if module is None:
-        raise ConfigError(
-            "unitrain.ops was called outside a backend: portable code runs inside the "
-            "backend that calls it (a layer's forward, a loss); to call ops yourself, wrap "
-            "the calls in `with unitrain.ops.using('numpy'):` (or 'torch', 'jax', "
-            "'tensorflow', or a backend's ops module)"
-        )
-    return module
+    if module is _OUTSIDE:
+        raise ConfigError(_OUTSIDE_MESSAGE)
+    result: ModuleType = module
+    return result
 
 
 def resolve(backend: str | ModuleType | Any) -> ModuleType:
@@ -54,13 +70,13 @@ def resolve(backend: str | ModuleType | Any) -> ModuleType:
     )
 
 
-def enter(module: ModuleType) -> contextvars.Token[ModuleType | None]:
+def enter(module: ModuleType) -> contextvars.Token[Any]:
     """Make ``module`` the active ops until :func:`leave` (for an adapter's hot path, where
     :func:`using`'s context manager would cost a microsecond or two per call)."""
     return _ACTIVE.set(module)
 
 
-def leave(token: contextvars.Token[ModuleType | None]) -> None:
+def leave(token: contextvars.Token[Any]) -> None:
     """Undo the :func:`enter` that gave ``token``."""
     _ACTIVE.reset(token)
 
@@ -87,6 +103,6 @@ def using(backend: str | ModuleType | Any) -> Iterator[ModuleType]:
     """
     token = _ACTIVE.set(resolve(backend))
     try:
-        yield _ACTIVE.get()  # type: ignore[misc]
+        yield _ACTIVE.get()
     finally:
         _ACTIVE.reset(token)

@@ -7,21 +7,18 @@ them apart in its ``_ops_nn`` module; :mod:`unitrain.ops` exports them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from unitrain.ops._dispatch import active
+from unitrain.ops._dispatch import current
 from unitrain.ops._types import Array, Pairish
 
 
 def softmax(x: Array, axis: int = -1) -> Array:
     """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum."""
-    return active().softmax(x, axis)
+    return current().softmax(x, axis)
 
 
 def log_softmax(x: Array, axis: int = -1) -> Array:
     """``x - logsumexp(x)`` along ``axis``."""
-    return active().log_softmax(x, axis)
+    return current().log_softmax(x, axis)
 
 
 def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
@@ -31,7 +28,7 @@ def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
     product's kernel (torch's ``addmm``), and so that under torch's autocast the output stays
     in the compute dtype (a float32 bias added after a bfloat16 product would promote it).
     """
-    return active().linear(x, weight, bias)
+    return current().linear(x, weight, bias)
 
 
 def conv(
@@ -52,7 +49,7 @@ def conv(
     only at stride 1; its symmetric padding gives other numbers at stride 2). ``bias``
     ``(C_out,)`` is added to every position, inside the kernel where the backend can.
     """
-    return active().conv(x, kernel, stride, padding, dilation, groups, bias)
+    return current().conv(x, kernel, stride, padding, dilation, groups, bias)
 
 
 def conv_transpose(
@@ -70,7 +67,7 @@ def conv_transpose(
     ``(size - 1) * stride - 2 * padding + dilation * (window - 1) + output_padding + 1``
     positions, as in torch's ``ConvTranspose``.
     """
-    return active().conv_transpose(x, kernel, stride, padding, output_padding, dilation)
+    return current().conv_transpose(x, kernel, stride, padding, output_padding, dilation)
 
 
 def max_pool(
@@ -79,7 +76,7 @@ def max_pool(
     """The maximum over each window of 1 or 2 spatial axes, channels last; ``stride`` None is
     ``window``. Padding never wins (it is -inf). The gradient goes to the first maximum of each
     window, as in torch."""
-    return active().max_pool(x, window, stride, padding)
+    return current().max_pool(x, window, stride, padding)
 
 
 def avg_pool(
@@ -87,7 +84,7 @@ def avg_pool(
 ) -> Array:
     """The mean over each window of 1 or 2 spatial axes, channels last; padded positions are
     left out of the count (TensorFlow's rule; torch's ``count_include_pad=False``)."""
-    return active().avg_pool(x, window, stride, padding)
+    return current().avg_pool(x, window, stride, padding)
 
 
 def scaled_dot_product_attention(
@@ -105,7 +102,7 @@ def scaled_dot_product_attention(
     positions where it is true; ``causal`` keeps ``s <= l``. A row that keeps nothing gives
     zeros, not NaN.
     """
-    return active().scaled_dot_product_attention(query, key, value, mask, causal, scale)
+    return current().scaled_dot_product_attention(query, key, value, mask, causal, scale)
 
 
 def layer_norm(
@@ -118,33 +115,12 @@ def layer_norm(
     the digits that matter), with ``weight`` and ``bias`` in float32, and the result handed on
     in the input's dtype, as torch's autocast, Keras and Flax do. One op, so that a backend
     with a fused kernel uses it (torch's ``layer_norm``: one kernel forward and one backward,
-    where the composed form is eight); :func:`layer_norm_of` is the composed form.
+    where the composed form is eight); :func:`unitrain.ops.composed.layer_norm_of` is the
+    composed form.
     """
-    return active().layer_norm(x, weight, bias, eps)
-
-
-def layer_norm_of(module: Any) -> Callable[..., Array]:
-    """The contract's ``layer_norm`` composed from ``module``'s own ops (``moments``, ``rsqrt``,
-    ``cast``), for a backend without a fused kernel; the numpy reference differentiates it
-    through its ops' derivatives."""
-
-    def layer_norm(
-        x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5
-    ) -> Array:
-        low = module.dtype(x)
-        work = "float32" if low in ("bfloat16", "float16") else low
-        x = module.cast(x, work) if work != low else x
-        mean, var = module.moments(x, -1, keepdims=True)
-        out = (x - mean) * module.rsqrt(var + eps)
-        if weight is not None:
-            out = out * module.cast(weight, work)
-        if bias is not None:
-            out = out + module.cast(bias, work)
-        return module.cast(out, low) if work != low else out
-
-    return layer_norm
+    return current().layer_norm(x, weight, bias, eps)
 
 
 def stop_gradient(x: Array) -> Array:
     """``x``, through which no gradient flows."""
-    return active().stop_gradient(x)
+    return current().stop_gradient(x)

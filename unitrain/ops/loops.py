@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unitrain.ops._dispatch import active
+from unitrain.ops._dispatch import current
 from unitrain.ops._types import Array
 
 __all__ = ["loop_scan", "loop_scan_of", "scan"]
@@ -30,7 +30,7 @@ def scan(step: Step, init: Any, xs: Array) -> tuple[Any, Array]:
     and ``xs`` has at least one position. Gradients flow to ``init``, ``xs`` and whatever
     ``step`` closes over (a recurrent layer's weights).
     """
-    return active().scan(step, init, xs)
+    return current().scan(step, init, xs)
 
 
 def loop_scan(step: Step, init: Any, xs: Array, module: Any) -> tuple[Any, Array]:

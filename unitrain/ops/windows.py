@@ -22,7 +22,7 @@ def per_axis(value: Any, count: int, name: str) -> tuple[int, ...]:
     """An int, or a sequence of ``count`` ints, as ``count`` ints (one per spatial axis)."""
     if isinstance(value, int) or hasattr(value, "__index__"):
         return (int(value),) * count
-    values = tuple(int(v) for v in value)
+    values = tuple(map(int, value))
     if len(values) != count:
         raise ValueError(f"{name} needs one value per spatial axis ({count}), got {value!r}")
     return values

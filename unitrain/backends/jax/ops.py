@@ -68,7 +68,7 @@ from unitrain.backends.jax._ops_nn import (  # noqa: F401  (re-exported)
     scan,
 )
 from unitrain.ops import Array, Axis
-from unitrain.ops._nn import layer_norm_of
+from unitrain.ops.composed import layer_norm_of
 
 _DTYPES: dict[str, Any] = {
     "float16": jnp.float16,

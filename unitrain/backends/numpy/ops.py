@@ -122,7 +122,7 @@ from unitrain.backends.numpy._ops_shape import (  # noqa: F401  (re-exported)
     transpose,
 )
 from unitrain.ops import CONTRACT, Array
-from unitrain.ops._nn import layer_norm_of
+from unitrain.ops.composed import layer_norm_of
 from unitrain.ops.loops import loop_scan_of
 
 __all__ = [*CONTRACT, "Tracked", "to_numpy", "vjp"]

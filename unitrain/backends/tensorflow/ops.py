@@ -53,7 +53,7 @@ from unitrain.backends.tensorflow._ops_nn import (  # noqa: F401  (re-exported)
     scaled_dot_product_attention,
 )
 from unitrain.ops import CONTRACT
-from unitrain.ops._nn import layer_norm_of
+from unitrain.ops.composed import layer_norm_of
 from unitrain.ops.loops import loop_scan_of
 
 __all__ = [*CONTRACT, "to_numpy", "vjp"]

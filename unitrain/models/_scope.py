@@ -116,7 +116,7 @@ class Scope:
         """The scope of child ``name`` (as :meth:`AbstractLayer.children` names it)."""
         layer = self.layer.child(name)
         if layer is not None:  # a child named "" is transparent: it shares this prefix
-            return Scope(layer, self._pass, self.name(name) if name else self._prefix)
+            return type(self)(layer, self._pass, self.name(name) if name else self._prefix)
         names = [local for local, _ in self.layer.children()]
         raise ConfigError(f"{self.layer.describe()} has no child {name!r}; its children: {names}")
 
@@ -126,7 +126,8 @@ class Scope:
         if layer is None:
             return self.child(name)  # raises: no such child
         run, prefix = self._pass, self._prefix  # child() inlined: a call per layer per pass
-        child = Scope(layer, run, (f"{prefix}.{name}" if prefix else name) if name else prefix)
+        joined = (f"{prefix}.{name}" if prefix else name) if name else prefix
+        child = type(self)(layer, run, joined)  # the caller's kind: a Scope subclass stays one
         out = layer.forward(child, *inputs)
         after = run.after_layer
         return out if after is None else after(out)

@@ -79,6 +79,10 @@ def test_case_names_are_unique_and_name_their_op():
 def test_ops_outside_a_backend_say_how_to_choose_one():
     with pytest.raises(ConfigError, match=r"ops\.using\('numpy'\)"):
         ops.exp(np.zeros(2))
+    with pytest.raises(ConfigError, match=r"ops\.using\('numpy'\)"):
+        ops.active()
+    stand_in = ops.current()  # what the contract's functions call: fails on use, not on probes
+    assert getattr(stand_in, "__deepcopy__", None) is None
 
 
 def test_using_takes_a_name_a_module_or_a_backend_class_and_restores_the_previous():

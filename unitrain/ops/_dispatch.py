@@ -34,6 +34,8 @@ class _Outside:
     call, keeps :func:`current` a plain ``ContextVar.get`` on the hot path."""
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and hasattr probes get the usual answer
+            raise AttributeError(name)
         raise ConfigError(_OUTSIDE_MESSAGE)
 
 

@@ -134,7 +134,7 @@ def avg_pool(
     function = _spatial_function(_AVG_POOL, x, "avg_pool")
     inputs = x.movedim(-1, 1)
     windows, pads = per_axis(window, x.ndim - 2, "window"), per_axis(padding, x.ndim - 2, "padding")
-    if max(pads) * 2 <= min(windows) or all(2 * p <= w for p, w in zip(pads, windows)):
+    if all(2 * p <= w for p, w in zip(pads, windows)):
         out = function(inputs, windows, stride, pads, count_include_pad=False)
         return out.movedim(1, -1)
     ones = torch.ones((1, 1, *inputs.shape[2:]), dtype=x.dtype, device=x.device)

@@ -33,6 +33,7 @@ from unitrain import (
     schedules,
 )
 from unitrain.checkpoint import list_checkpoints
+from unitrain.checkpoint._resume import read_resume_point
 from unitrain.recipes import load_digits
 
 BACKENDS = [backend_param(b) for b in FRAMEWORKS]
@@ -316,3 +317,26 @@ def test_run_state_is_handed_out_and_taken_back_by_the_trainer():
     assert second.skipped_steps == 3
     assert second.running_totals() == (12.5, 40)
     assert second.run_state() == RunState(state.position, 12.5, 40, 0.25, 3, state.history)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "numbers", "accepted"),
+    [
+        (2, [1, 2], True),
+        (0, [], True),
+        (3, [2, 3], True),  # a history may start later; it ends at the finished epochs
+        (1, [0], False),  # an edited row number: the resumed history would read 0, 2, 3
+        (2, [1], False),  # the last finished epoch has no row
+        (1, [1, 2], False),  # a row for an epoch not yet finished
+        (2, [1, 3], False),
+        (2, [1, "2"], False),
+    ],
+)
+def test_a_history_that_does_not_end_at_the_checkpoint_epoch_is_refused(epoch, numbers, accepted):
+    info = {"epoch": epoch, "step": 4 * epoch, "history": [{"epoch": n} for n in numbers]}
+    file = Path("ckpt/trainer.json")
+    if accepted:
+        assert [row["epoch"] for row in read_resume_point(info, file, 4).history] == numbers
+    else:
+        with pytest.raises(CheckpointError, match="one row per finished epoch"):
+            read_resume_point(info, file, 4)

@@ -183,16 +183,19 @@ def read_resume_point(info: dict[str, Any], file: Path, batches_per_epoch: int) 
     history = _typed(info, "history", list, file, [])
     if not all(isinstance(row, dict) for row in history):
         raise CheckpointError(f"{file}: 'history' must be a list of objects; {_DAMAGED}")
+    # Row i of a run's history is the i-th finished epoch, numbered from 1, so the rows end at
+    # the checkpoint's count of finished epochs (each history row is one epoch's console line).
+    epoch = _count(info, "epoch", file)
     numbers = [row.get("epoch") for row in history]
-    first = numbers[0] if numbers and type(numbers[0]) is int else 0
-    if any(type(n) is not int or n != first + i for i, n in enumerate(numbers)):
+    first = epoch - len(numbers) + 1
+    if first < 1 or any(type(n) is not int or n != first + i for i, n in enumerate(numbers)):
         raise CheckpointError(
-            f"{file}: 'history' must hold one row per epoch with consecutive 'epoch' numbers, "
-            f"got {numbers!r:.80}; {_DAMAGED}"
+            f"{file}: 'history' must hold one row per finished epoch, numbered consecutively "
+            f"up to the checkpoint's 'epoch' ({epoch}), got {numbers!r:.80}; {_DAMAGED}"
         )
     skipped = _count(info, "skipped_steps", file)
     return ResumePoint(
-        epoch=_count(info, "epoch", file),
+        epoch=epoch,
         step=_count(info, "step", file),
         batch=batch,
         stop_training=_typed(info, "stop_training", bool, file, False),

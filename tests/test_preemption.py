@@ -174,7 +174,7 @@ def test_a_signal_inside_a_save_lets_the_save_finish(tmp_path, uninterrupted, mo
 
 
 def test_ctrl_c_in_the_written_half_of_a_save_keeps_that_checkpoint(tmp_path, monkeypatch):
-    """The README says Ctrl-C lets the save in progress finish: it used to drop it."""
+    """docs/checkpoints.md says Ctrl-C lets the save in progress finish: it used to drop it."""
     signal_inside_the_first_save(monkeypatch, signal.SIGINT)
     trainer = make(tmp_path)
     with pytest.raises(KeyboardInterrupt):

@@ -215,9 +215,9 @@ def _interrupts_deferred() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) back until the block ends, then act on it as it would have.
 
     A save's files are written under it, so Ctrl-C cannot drop a checkpoint half written
-    (the README promises that the save in progress finishes). ``Thread.start`` waits for the
-    new thread to report in; a KeyboardInterrupt landing in that wait would leave a thread
-    that runs but cannot be joined, so ``wait`` would fail and the save could outlive the
+    (docs/checkpoints.md promises that the save in progress finishes). ``Thread.start`` waits
+    for the new thread to report in; a KeyboardInterrupt landing in that wait would leave a
+    thread that runs but cannot be joined, so ``wait`` would fail and the save could outlive the
     run's lock. The handler is swapped rather than the signal blocked: a process-directed
     signal blocked on the main thread is delivered to another thread (BLAS's, the writer's),
     and Python would still raise it on the main thread at once.

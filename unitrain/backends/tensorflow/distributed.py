@@ -2,9 +2,9 @@
 ``MirroredStrategy`` over the local devices of one process (:class:`LocalDevices`).
 
 Every worker reads its place from ``TF_CONFIG`` (``unitrain.cli._launch`` writes one per worker
-with local ports; across machines the user sets it, see the README) and creates the strategy
-in :func:`join_launched_workers` before TensorFlow makes any tensor, as the strategy requires;
-the TensorFlow backend calls it first thing. One replica per worker.
+with local ports; across machines the user sets it, see docs/data-parallel.md) and creates the
+strategy in :func:`join_launched_workers` before TensorFlow makes any tensor, as the strategy
+requires; the TensorFlow backend calls it first thing. One replica per worker.
 
 TensorFlow *sums* gradients over replicas, so a loss must be scaled by the global batch
 (``tf.nn.compute_average_loss(per_example, global_batch_size)``); a per-replica mean loss

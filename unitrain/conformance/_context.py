@@ -20,6 +20,14 @@ import numpy as np
 from unitrain import callbacks as core_callbacks
 from unitrain.backends.protocol import BackendOptions, Capabilities, FusedStep
 from unitrain.backends.registry import get_backend
+from unitrain.conformance._diagnosis import (
+    FLOAT32_HINT,
+    array_detail,
+    describe_key,
+    first_differing,
+    float32_sized,
+    mapping_detail,
+)
 from unitrain.conformance._tolerances import Tolerance
 from unitrain.training.config import TrainerConfig
 from unitrain.training.trainer import Trainer
@@ -36,7 +44,17 @@ __all__ = [
 
 
 class CheckFailed(AssertionError):
-    """A check found the backend does not behave like the reference."""
+    """A check found the backend does not behave like the reference.
+
+    Args:
+        message: what differs.
+        likely: the likely cause, when the check knows it better than its ``guards`` say
+            (a launcher's failure in a check of gradient averaging); else the guards are used.
+    """
+
+    def __init__(self, message: str, likely: str | None = None) -> None:
+        super().__init__(message)
+        self.likely = likely
 
 
 class CheckSkipped(Exception):
@@ -148,29 +166,6 @@ def normwise_error(actual: Any, expected: Any) -> tuple[float, float]:
     return max_abs, error / norm
 
 
-def worst_entry(actual: Any, expected: Any) -> tuple[str, float] | None:
-    """The key of a dict comparison whose own relative error is largest, and that error;
-    None for arrays (nothing to name) or when no key can be compared."""
-    if not isinstance(expected, Mapping) or not isinstance(actual, Mapping):
-        return None
-    found = [
-        (normwise_error(actual[key], expected[key])[1], key)
-        for key in sorted(expected)
-        if key in actual and np.shape(actual[key]) == np.shape(expected[key])
-    ]
-    if not found:
-        return None
-    error, key = max(found, key=lambda pair: pair[0])
-    return key, error
-
-
-def float32_sized(dtype: str, relative_error: float) -> bool:
-    """Whether an error in a float64 row is the size float32 arithmetic leaves (1e-9 to 1e-4
-    relative: float32 rounds at 6e-8 and a computation adds up several roundings), which is
-    what a float64 check sees when part of the backend computes in float32."""
-    return dtype == "float64" and 1e-9 <= relative_error <= 1e-4
-
-
 class Context:
     """Everything a check needs for one backend on one device in one dtype.
 
@@ -195,6 +190,10 @@ class Context:
         self.hypothesis_profile = hypothesis_profile
         self.measurements: list[Measurement] = []
         self.notes: list[str] = []
+        #: The models this check built backends of: failure messages name a tensor's layer.
+        self.models: list[Any] = []
+        #: Set by a check whose backend side ran on simulated workers (see CheckResult).
+        self.simulated = False
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # -- building ---------------------------------------------------------------------------
@@ -208,12 +207,18 @@ class Context:
 
     def make(self, model: Any, **fields: Any) -> Any:
         """A fresh backend under test built as ``cls(model, options)``."""
+        self._remember(model)
         return self.backend.factory(model, self.options(**fields))
 
     def reference(self, model: Any, dtype: str = "float64", **fields: Any) -> Any:
         """A fresh numpy reference backend (float64 unless asked), on the CPU."""
+        self._remember(model)
         reference = get_backend("numpy")
         return reference(model, BackendOptions(device="cpu", dtype=dtype, **fields))
+
+    def _remember(self, model: Any) -> None:
+        if not any(model is known for known in self.models):
+            self.models.append(model)
 
     def trainer(self, model: Any, backend: Any, **kwargs: Any) -> Trainer:
         """A Trainer around an already built backend; ``config`` fields go in ``config=``."""
@@ -269,11 +274,16 @@ class Context:
     def record(
         self, what: str, kind: str, max_abs: float, rel: float, tolerance: float, detail: str = ""
     ) -> None:
-        """Keep a measurement; fail the check when it exceeds its tolerance (``detail`` is
-        added to the failure: which tensor, what the error's size suggests)."""
+        """Keep a measurement; fail the check when it exceeds its tolerance.
+
+        ``detail`` is added to the failure (which tensor, where in it); an error of float32's
+        size in a float64 row says so (see :func:`~unitrain.conformance._diagnosis.float32_sized`).
+        """
         measurement = Measurement(what, kind, max_abs, rel, tolerance)
         self.measurements.append(measurement)
         if not measurement.ratio <= 1.0:
+            if float32_sized(self.dtype, kind, rel):
+                detail += f"; {FLOAT32_HINT}"
             raise CheckFailed(
                 f"{what}: relative error {rel:.3g} exceeds the {self.dtype} {kind} "
                 f"tolerance {tolerance:.3g} (max abs error {max_abs:.3g}){detail}"
@@ -282,28 +292,28 @@ class Context:
     def compare(self, what: str, actual: Any, expected: Any, kind: str) -> float:
         """Compare normwise against the tolerance of ``kind``; returns the relative error.
 
-        A failure names the tensor of a dict comparison that is furthest off, and says when
-        the error of a float64 row has the size of float32 arithmetic.
+        A failure names the tensor of a dict comparison that is furthest off (or the first
+        holding a NaN or an infinity) with its layer or optimizer slot, and where in it; in
+        a sequence, the first position off; and whether the error has float32's size in a
+        float64 row.
         """
         max_abs, rel = normwise_error(actual, expected)
         tolerance = getattr(self.tolerance, kind)
         detail = ""
         if not rel <= tolerance:
-            worst = worst_entry(actual, expected)
-            if worst is not None and len(expected) > 1:
-                detail += f"; furthest off: {worst[0]!r} (relative error {worst[1]:.3g})"
-            if float32_sized(self.dtype, rel):
-                detail += (
-                    "; an error of float32's size in a float64 row: is part of the "
-                    "computation done in float32?"
-                )
+            if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+                detail = mapping_detail(actual, expected, tolerance, self.models)
+            else:
+                detail = array_detail(actual, expected, tolerance)
+            detail = f"; {detail}" if detail else ""
         self.record(what, kind, max_abs, rel, tolerance, detail)
         return rel
 
-    def require(self, condition: bool, message: str) -> None:
-        """Fail with ``message`` unless ``condition``."""
+    def require(self, condition: bool, message: str, likely: str | None = None) -> None:
+        """Fail with ``message`` (and ``likely``, see :class:`CheckFailed`) unless
+        ``condition``."""
         if not condition:
-            raise CheckFailed(message)
+            raise CheckFailed(message, likely)
 
     def require_equal(self, what: str, actual: Any, expected: Any) -> None:
         """A discrete outcome must match exactly (``expected`` is the reference's or the
@@ -312,20 +322,36 @@ class Context:
             raise CheckFailed(f"{what}: got {actual!r}, expected {expected!r}")
 
     def require_identical(
-        self, what: str, actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]
+        self,
+        what: str,
+        actual: Mapping[str, np.ndarray],
+        expected: Mapping[str, np.ndarray],
+        detail: str = "",
     ) -> None:
-        """Two state dicts must be bit-identical: same keys, shapes, dtypes and bytes."""
+        """Two state dicts must be bit-identical: same keys, shapes, dtypes and bytes.
+
+        A failure names the first tensor that differs (in ``expected``'s order) with its layer
+        or slot, how many differ, and ``detail`` (where two runs parted, say).
+        """
         self.require_equal(f"{what}: keys", sorted(actual), sorted(expected))
-        for key in expected:
-            a, e = np.asarray(actual[key]), np.asarray(expected[key])
-            if a.shape != e.shape or a.dtype != e.dtype or a.tobytes() != e.tobytes():
-                max_abs, rel = normwise_error(a, e) if a.shape == e.shape else (math.inf,) * 2
-                self.measurements.append(Measurement(what, "bit-exact", max_abs, rel, 0.0))
-                raise CheckFailed(
-                    f"{what}: {key!r} is not bit-identical ({a.dtype}{a.shape} vs "
-                    f"{e.dtype}{e.shape}; max abs difference {max_abs:.3g})"
-                )
-        self.measurements.append(Measurement(what, "bit-exact", 0.0, 0.0, 0.0))
+        key, count = first_differing(actual, expected)
+        if key is None:
+            for name in expected:  # same bytes, another dtype (int32 for int64, say)
+                if np.asarray(actual[name]).dtype != np.asarray(expected[name]).dtype:
+                    key, count = name, 1
+                    break
+        if key is None:
+            self.measurements.append(Measurement(what, "bit-exact", 0.0, 0.0, 0.0))
+            return
+        a, e = np.asarray(actual[key]), np.asarray(expected[key])
+        max_abs, rel = normwise_error(a, e) if a.shape == e.shape else (math.inf,) * 2
+        self.measurements.append(Measurement(what, "bit-exact", max_abs, rel, 0.0))
+        others = f"; {count} of {len(expected)} tensors differ" if len(expected) > 1 else ""
+        raise CheckFailed(
+            f"{what}: {describe_key(key, self.models)} is not bit-identical ({a.dtype}{a.shape}"
+            f" vs {e.dtype}{e.shape}; max abs difference {max_abs:.3g}){others}"
+            f"{f'; {detail}' if detail else ''}"
+        )
 
     def skip(self, reason: str) -> None:
         """Stop the check as skipped with ``reason``."""

@@ -87,7 +87,14 @@ class CheckResult:
         device: ``"cpu"`` or ``"gpu"``.
         dtype: the parameter dtype.
         status: one of ``passed``, ``failed``, ``skipped``, ``xfailed``, ``xpassed``.
-        reason: why it failed, was skipped or is a known failure ("" when it passed).
+        reason: why it failed, was skipped or is a known failure ("" when it passed); a
+            failure ends with ``(likely: ...)``, the check's likely causes.
+        likely_cause: for a failure (or a known one), its likely cause: the backend bugs
+            the check fails on, as ``--list`` shows them, unless the check found a more
+            precise one (a launcher that hid a worker's failure); "" otherwise.
+        simulated: the check ran the backend's side of the comparison on simulated workers
+            (the core's ``SimulatedWorkers`` in one process), not on an engine's workers, so
+            its pass says nothing about the backend's own data-parallel training.
         max_abs_error: the largest elementwise error of the worst comparison, if numeric.
         max_rel_error: the relative error held to the tolerance, if numeric.
         tolerance: the tolerance used (0 for bit-exact comparisons).
@@ -107,6 +114,8 @@ class CheckResult:
     dtype: str
     status: str
     reason: str = ""
+    likely_cause: str = ""
+    simulated: bool = False
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     tolerance: float | None = None
@@ -308,7 +317,7 @@ def run_planned(
     tolerance = tolerance_for(item.dtype, backend.tolerances)
     ctx = Context(backend, item.device, item.dtype, tolerance, hypothesis_profile)
     started = time.perf_counter()
-    status, reason = "passed", ""
+    status, reason, likely = "passed", "", item.check.guards
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -316,7 +325,8 @@ def run_planned(
     except CheckSkipped as skipped:
         status, reason = "skipped", str(skipped)
     except CheckFailed as failure:
-        status, reason = "failed", f"{failure} (likely: {item.check.guards})"
+        status, reason = "failed", str(failure)
+        likely = failure.likely or likely
     except Exception as error:
         where = traceback.extract_tb(error.__traceback__)[-1]
         status = "failed"
@@ -324,6 +334,9 @@ def run_planned(
     finally:
         ctx.close()
     duration = time.perf_counter() - started
+    likely = likely if status == "failed" else ""
+    if likely:
+        reason = f"{reason} (likely: {likely})"
     declared = xfail_reason(backend.xfails, item.id)
     if declared is not None and status == "failed":
         status, reason = "xfailed", f"known failure ({declared[1]}): {reason}"
@@ -336,6 +349,8 @@ def run_planned(
         **base,
         status=status,
         reason=reason,
+        likely_cause=likely,
+        simulated=ctx.simulated,
         max_abs_error=None if worst is None else worst.max_abs_error,
         max_rel_error=None if worst is None else worst.max_rel_error,
         tolerance=None if worst is None else worst.tolerance,

@@ -23,6 +23,7 @@ import numpy as np
 from unitrain import optim
 from unitrain.backends.precision import GOOD_STEPS_KEY, SCALE_KEY, LossScaler, reference_trajectory
 from unitrain.conformance._context import Context, normwise_error
+from unitrain.conformance._diagnosis import array_detail, mapping_detail
 from unitrain.conformance._registry import check
 from unitrain.conformance._training import classifier, classifier_data
 
@@ -75,14 +76,14 @@ def _gradients(ctx: Context, precision: str) -> None:
         ctx.update(reference, _batch(x, y, i), 1.0)
         after, expected = backend.state_dict(), reference.state_dict()
         names = [k for k in start if k.startswith("model.")]
-        actual = np.concatenate([np.ravel(start[k] - after[k]) for k in names])
-        wanted = np.concatenate([np.ravel(reference_start[k] - expected[k]) for k in names])
+        actual = {k: start[k] - after[k] for k in names}
+        wanted = {k: reference_start[k] - expected[k] for k in names}
         errors.append((actual, wanted))
     bars = AGREEMENT[precision]
     for i, (actual, wanted) in enumerate(errors):
         _record(ctx, f"gradients of batch {i}", actual, wanted, bars["gradients"])
     _, overall = normwise_error(
-        np.concatenate([a for a, _ in errors]), np.concatenate([w for _, w in errors])
+        np.concatenate([_flat(a) for a, _ in errors]), np.concatenate([_flat(w) for _, w in errors])
     )
     ctx.require(
         overall >= bars["floor"],
@@ -92,9 +93,21 @@ def _gradients(ctx: Context, precision: str) -> None:
     )
 
 
-def _record(ctx: Context, what: str, actual: np.ndarray, expected: np.ndarray, bar: float) -> None:
+def _flat(state: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.ravel(v) for v in state.values()])
+
+
+def _record(ctx: Context, what: str, actual: Any, expected: Any, bar: float) -> None:
+    """Hold ``actual`` to ``expected`` (arrays, or dicts of them) within ``bar``; a failure
+    names the tensor furthest off, or the first update off."""
     max_abs, rel = normwise_error(actual, expected)
-    ctx.record(what, "mixed", max_abs, rel, bar)
+    detail = ""
+    if not rel <= bar:
+        if isinstance(expected, dict):
+            detail = mapping_detail(actual, expected, bar, ctx.models)
+        else:
+            detail = array_detail(actual, expected, bar)
+    ctx.record(what, "mixed", max_abs, rel, bar, f"; {detail}" if detail else "")
 
 
 def _training(ctx: Context, precision: str) -> None:
@@ -113,12 +126,11 @@ def _training(ctx: Context, precision: str) -> None:
     _record(ctx, "losses of 20 updates", np.asarray(losses), np.asarray(expected), bar)
     state, wanted = backend.state_dict(), reference.state_dict()
     names = [k for k in wanted if k.startswith("model.")]
-    actual = np.concatenate([np.ravel(state[k]) for k in names])
     _record(
         ctx,
         "weights after 20 updates",
-        actual,
-        np.concatenate([wanted[k].ravel() for k in names]),
+        {k: state[k] for k in names},
+        {k: wanted[k] for k in names},
         bar,
     )
 

@@ -5,9 +5,10 @@ The JSON document (``REPORT_SCHEMA`` describes it) is::
     {"schema_version": 1, "summary": {...}, "checks": [record, ...]}
 
 where each record is :meth:`CheckResult.to_dict`. The summary holds counts by status and by
-family, the worst error relative to its tolerance per family, the tolerance table used,
-every override the backend declared (xfails, tolerances, its own callbacks), warnings such
-as stale xfails, and the verdict.
+family, each family's worst error per dtype (a float64 error and a float32 one are held to
+bars 1e6 apart, so one number for both would hide the float64 row), the tolerance table
+used, every override the backend declared (xfails, tolerances, its own callbacks), the
+checks that ran on simulated workers, warnings such as stale xfails, and the verdict.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "dtype": {"type": "string"},
                     "status": {"enum": list(STATUSES)},
                     "reason": {"type": "string"},
+                    "likely_cause": {"type": "string"},
+                    "simulated": {"type": "boolean"},
                     "max_abs_error": _NUMBER_OR_NULL,
                     "max_rel_error": _NUMBER_OR_NULL,
                     "tolerance": _NUMBER_OR_NULL,
@@ -176,29 +179,38 @@ class Report:
         return f"conforms, with {known} declared deviation{'' if known == 1 else 's'}"
 
     def family_rows(self) -> list[dict[str, Any]]:
-        """Per family: counts and the worst numeric error relative to its tolerance."""
+        """Per family: counts and, per dtype, the worst numeric error relative to its
+        tolerance (``worst``: dtype -> ``{"error", "tolerance", "id"}``)."""
         rows = []
         for family in FAMILIES:
             members = [r for r in self.results if r.family == family]
             if not members:
                 continue
-            # Known failures are excluded: their errors are expected to exceed the bar.
-            numeric = [
-                r
-                for r in members
-                if r.max_rel_error is not None and r.tolerance and r.status != "xfailed"
-            ]
-            worst = max(numeric, key=_error_ratio, default=None)
-            rows.append(
-                {
-                    "family": family,
-                    **self.counts(members),
-                    "worst_error": None if worst is None else worst.max_rel_error,
-                    "worst_tolerance": None if worst is None else worst.tolerance,
-                    "worst_id": None if worst is None else worst.id,
-                }
-            )
+            worst: dict[str, dict[str, Any]] = {}
+            for dtype in dict.fromkeys(r.dtype for r in members):
+                # Known failures are excluded: their errors are expected to exceed the bar.
+                numeric = [
+                    r
+                    for r in members
+                    if r.dtype == dtype
+                    and r.max_rel_error is not None
+                    and r.tolerance
+                    and r.status != "xfailed"
+                ]
+                found = max(numeric, key=_error_ratio, default=None)
+                if found is not None:
+                    worst[dtype] = {
+                        "error": found.max_rel_error,
+                        "tolerance": found.tolerance,
+                        "id": found.id,
+                    }
+            rows.append({"family": family, **self.counts(members), "worst": worst})
         return rows
+
+    @property
+    def simulated(self) -> list[CheckResult]:
+        """The records whose backend side ran on simulated workers."""
+        return [r for r in self.results if r.simulated and r.status != "skipped"]
 
     def summary(self) -> dict[str, Any]:
         """The summary object of the JSON report."""
@@ -222,6 +234,7 @@ class Report:
                 "tolerances": {k: dict(v) for k, v in self.backend.tolerances.items()},
                 "callbacks": {k: _qualname(v) for k, v in self.backend.callbacks.items()},
             },
+            "simulated": [r.id for r in self.simulated],
             "warnings": self.warnings,
             "notes": list(self.notes),
             "environment": dict(self.environment),
@@ -244,24 +257,25 @@ class Report:
         return target
 
     def table(self, *, verbose: bool = False) -> str:
-        """The human-readable verdict: a table by family, then what did not pass."""
+        """The human-readable verdict: a table by family (the worst error over its tolerance
+        in a column per dtype), then what did not pass and what ran on simulated workers."""
+        dtypes = list(dict.fromkeys(r.dtype for r in self.results))
         header = (
             "family",
-            "passed",
-            "failed",
-            "skipped",
-            "xfailed",
-            "xpassed",
-            "worst error / tol",
+            *STATUSES,
+            *(f"worst {dtype} / tol" for dtype in dtypes),
         )
         rows: list[tuple[str, ...]] = [header]
         for family_row in self.family_rows():
-            worst = "-"
-            if family_row["worst_error"] is not None:
-                worst = f"{family_row['worst_error']:.2g} / {family_row['worst_tolerance']:.2g}"
-            rows.append((family_row["family"], *(str(family_row[s]) for s in STATUSES), worst))
+            worst = []
+            for dtype in dtypes:
+                found = family_row["worst"].get(dtype)
+                worst.append(
+                    "-" if found is None else f"{found['error']:.2g} / {found['tolerance']:.2g}"
+                )
+            rows.append((family_row["family"], *(str(family_row[s]) for s in STATUSES), *worst))
         total = self.counts()
-        rows.append(("total", *(str(total[s]) for s in STATUSES), ""))
+        rows.append(("total", *(str(total[s]) for s in STATUSES), *("" for _ in dtypes)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = [
             f"unitrain conformance: backend {self.backend.name!r} ({self.backend.target}), "
@@ -276,10 +290,13 @@ class Report:
             r for r in self.results if r.status != "passed" and (verbose or r.status != "skipped")
         ]
         skipped = [r for r in self.results if r.status == "skipped"]
-        if shown:
+        if shown or self.simulated:
             lines.append("")
         for result in shown:
             lines.append(f"{result.status.upper():8s} {result.id}: {result.reason}")
+        for result in self.simulated:
+            note = next((n for n in result.notes if n.startswith("simulated")), "")
+            lines.append(f"SIMULATED {result.id} ({result.status}): {note}")
         if skipped and not verbose:
             reasons = sorted({r.reason for r in skipped})
             lines.append(f"SKIPPED  {len(skipped)} checks: " + "; ".join(reasons))

@@ -9,6 +9,7 @@ on it); :class:`FusedNumpy` is a correct fused-step base for the ``fused`` famil
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -18,6 +19,7 @@ import numpy as np
 from unitrain import ops, optim
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.protocol import Capabilities
+from unitrain.backends.strategy import SimulatedWorkers
 from unitrain.callbacks import EarlyStopping, LRMonitor, ModelCheckpoint
 from unitrain.models import Pass, Scope
 
@@ -281,8 +283,6 @@ class ClipWithoutEpsilon(NumpyBackend):
 
 
 def _replace_clip(options: Any, clip: float | None) -> Any:
-    import dataclasses
-
     return dataclasses.replace(options, grad_clip_norm=clip)
 
 
@@ -444,3 +444,22 @@ def ships(name: str, callback: type) -> type:
     """A numpy backend that declares its own ``callback`` as ``name`` to the kit."""
     declared = {"conformance_callbacks": {name: callback}}
     return type(f"Ships{callback.__name__}", (NumpyBackend,), declared)
+
+
+# -- data parallel ------------------------------------------------------------------------------
+
+
+class SimulatesItsWorkers(NumpyBackend):
+    """Declares data-parallel training and answers with the core's simulated workers in one
+    process (its framework's engine not written yet): correct arithmetic, no engine tested."""
+
+    capabilities = dataclasses.replace(NumpyBackend.capabilities, data_parallel=True)
+
+    def launched_strategy(self) -> Any:
+        return SimulatedWorkers(2)
+
+
+class DeclaresDataParallelOnly(NumpyBackend):
+    """Declares data-parallel training but offers neither a launcher nor a strategy."""
+
+    capabilities = dataclasses.replace(NumpyBackend.capabilities, data_parallel=True)

@@ -16,6 +16,7 @@ over one process's local devices is run in a fresh process.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -46,9 +47,25 @@ class _PerReplicaMean(SimulatedWorkers):
         return [(part, 1.0) for part, _ in super().shards(batch)]
 
 
+#: What the in-process doubles below declare: the kit checks data-parallel training only
+#: where it is declared.
+_DECLARED = dataclasses.replace(NumpyBackend.capabilities, data_parallel=True)
+
+
+class SimulatedEngine(NumpyBackend):
+    """The correct double of the traps: an engine whose arithmetic is the simulated workers'."""
+
+    capabilities = _DECLARED
+
+    def launched_strategy(self) -> Any:
+        return SimulatedWorkers(WORKERS)
+
+
 class PerReplicaMeanLoss(NumpyBackend):
     """TensorFlow's trap: a per-replica mean loss under MirroredStrategy's sum over replicas
     (instead of ``compute_average_loss(per_example, global_batch_size)``)."""
+
+    capabilities = _DECLARED
 
     def launched_strategy(self) -> Any:
         return _PerReplicaMean(WORKERS)
@@ -58,6 +75,8 @@ class ShardMapPmeanOnSum(NumpyBackend):
     """JAX's trap: ``shard_map`` (``check_vma=True``) already sums the per-device-mean
     gradients of replicated parameters; the ``pmean`` added on top averages copies that are
     all equal to that sum, so it changes nothing and the gradients stay doubled."""
+
+    capabilities = _DECLARED
 
     def launched_strategy(self) -> Any:
         return _PerReplicaMean(WORKERS)
@@ -81,6 +100,7 @@ class SameMasksOnEveryWorker(NumpyBackend):
     each launched worker would count without ``strategy.dropout_index``: every worker draws
     worker 0's masks. Run as the oracle (simulated, not launched) it keys correctly."""
 
+    capabilities = _DECLARED
     launched = False
 
     def launched_strategy(self) -> Any:
@@ -232,12 +252,16 @@ def test_the_kit_fails_each_trap_and_passes_its_base(trap):
     [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword=_GLOBAL_BATCH)
     assert result.status == "failed"
     assert "2 workers vs 1 with the global batch" in result.reason
-    good = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
+    target = f"{__name__}:{SimulatedEngine.__name__}"
+    good = check_backend(target, device="cpu", dtypes=["float64"], keyword="data_parallel")
     assert {r.check: r.status for r in good} == {
         _GLOBAL_BATCH: "passed",
         "workers_draw_the_oracles_dropout": "passed",
-        "local_devices_match_global_batch": "skipped",  # the reference has no local devices
+        "local_devices_match_global_batch": "skipped",  # no local devices strategy
     }, [r.reason for r in good]
+    # The numpy reference declares no data-parallel training: skipped, not simulated.
+    reference = check_backend("numpy", device="cpu", dtypes=["float64"], keyword="data_parallel")
+    assert {r.status for r in reference} == {"skipped"}
 
 
 def test_the_kit_fails_workers_that_all_draw_worker_zeros_dropout_masks():

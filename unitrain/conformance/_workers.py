@@ -14,6 +14,10 @@ anything else (the caller sets ``local_devices_environment(N)``), with batches o
 :data:`LOCAL_BATCH`; run ``c`` is left out, as such a strategy may draw one worker's masks
 or N workers'.
 
+Every worker records that it finished (``OUT/DTYPE/finished/rank-R``) and, when it fails, its
+traceback (``OUT/errors/PID.txt``): a launcher that exits 0 although a worker died, or that
+drops the workers' output, still leaves the kit what it needs to say so.
+
 The global batch of 15 splits 8/7 on two workers and the last batch of each epoch (5
 examples) 3/2, so the weighting of uneven slices is exercised on every epoch.
 """
@@ -21,7 +25,9 @@ examples) 3/2, so the weighting of uneven slices is exercised on every epoch.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +45,10 @@ __all__ = [
     "RESUME_EPOCH",
     "data",
     "experiment",
+    "finished_ranks",
     "read_result",
     "train",
+    "worker_errors",
 ]
 
 #: Early stopping (patience 1, min_delta 0.05) ends the run after 3 of these epochs, so the
@@ -111,8 +119,13 @@ def train(
 def _save(trainer: Trainer, directory: Path) -> None:
     if not trainer.strategy.is_main:
         return
+    from unitrain.backends.strategy import SimulatedWorkers
+
     np.savez(directory / "final.npz", **trainer.backend.state_dict())
+    strategy = type(trainer.strategy)
     outcome = {
+        "strategy": f"{strategy.__module__}.{strategy.__qualname__}",
+        "simulated": isinstance(trainer.strategy, SimulatedWorkers),
         "world_size": trainer.strategy.world_size,
         "epoch": trainer.state.epoch,
         "step": trainer.state.step,
@@ -127,7 +140,7 @@ def experiment(
 ) -> None:
     """Run ``a`` (uninterrupted), ``b`` (resumed after epoch 1) and ``c`` (with dropout)
     under ``out``; for a local-devices strategy (or its one-device reference), ``a`` and ``b``
-    with batches of :data:`LOCAL_BATCH`."""
+    with batches of :data:`LOCAL_BATCH`. Then mark this worker finished."""
     batch = LOCAL_BATCH if local_devices else BATCH
     first = train(backend, dtype, out / "a", strategy, batch=batch)
     _save(first, out / "a")
@@ -135,6 +148,23 @@ def experiment(
     _save(train(backend, dtype, out / "b", strategy, resume=checkpoint, batch=batch), out / "b")
     if not local_devices:
         _save(train(backend, dtype, out / "c", strategy, dropout=DROPOUT), out / "c")
+    marks = out / "finished"
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / f"rank-{first.strategy.rank}").write_text(str(first.strategy.world_size))
+
+
+def finished_ranks(out: Path) -> set[int]:
+    """The workers that finished the experiment in ``out`` (one dtype's directory)."""
+    marks = out / "finished"
+    names = marks.iterdir() if marks.is_dir() else ()
+    return {int(path.name.partition("-")[2]) for path in names}
+
+
+def worker_errors(out: Path) -> list[str]:
+    """The tracebacks of workers that failed, as they recorded them under ``out``."""
+    folder = out / "errors"
+    files = sorted(folder.iterdir()) if folder.is_dir() else []
+    return [path.read_text(encoding="utf-8", errors="replace") for path in files]
 
 
 def resume_point(directory: Path) -> Path:
@@ -156,6 +186,16 @@ def read_result(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]
 
 
 def _main(arguments: list[str]) -> None:
+    try:
+        _experiments(list(arguments))
+    except BaseException:  # recorded for the kit, whatever the launcher does with stderr
+        errors = Path(arguments[-1]) / "errors"
+        errors.mkdir(parents=True, exist_ok=True)
+        (errors / f"{os.getpid()}.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        raise
+
+
+def _experiments(arguments: list[str]) -> None:
     local = None
     if arguments[0].startswith("--local-devices="):
         from unitrain.backends.registry import get_backend

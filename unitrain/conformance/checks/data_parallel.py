@@ -1,10 +1,15 @@
 """data_parallel: N workers train like one worker with the global batch, and resume anywhere.
 
-A backend that declares ``data_parallel`` runs :mod:`unitrain.conformance._workers` on two
-workers through its own launcher (``launch_command``); one without a launcher but with a
-``launched_strategy()`` that answers in process is run in process; any other backend runs
-two simulated workers (:class:`unitrain.backends.strategy.SimulatedWorkers`), the oracle's mode.
-Against one worker with the global batch:
+Only a backend that declares ``data_parallel`` is checked; any other is skipped with that
+reason (two workers simulated in one process would pass while testing no engine at all). It
+runs :mod:`unitrain.conformance._workers` on two workers through its own launcher
+(``launch_command``); one without a launcher but with a ``launched_strategy()`` that answers
+in process is run in process; one that offers neither fails, as it cannot have a second
+worker. A run whose strategy turns out to be the core's simulated workers
+(:class:`unitrain.backends.strategy.SimulatedWorkers`, the oracle's mode) is marked
+*simulated* in its record and in the report's table. A launcher that exits 0 although a
+worker did not finish fails, with the workers' own tracebacks. Against one worker with the
+global batch:
 
 - final weights agree within the ``step`` tolerance: float32 sums of slice gradients round
   differently from one batch's sum (about 1 ulp per update; the engines measured in issue
@@ -54,32 +59,41 @@ WORKERS = 2
 LAUNCH_TIMEOUT_S = 240
 
 
-def _launcher(ctx: Context) -> Any:
-    if not ctx.backend.capabilities.data_parallel:
-        return None
-    return getattr(ctx.backend.factory, "launch_command", None)
-
-
 def _run_workers(ctx: Context, out: Path) -> Path:
-    """The experiment on two workers (launched, in process, or simulated); its directory."""
-    launcher = _launcher(ctx)
-    if launcher is None:
+    """The experiment on two workers (launched or in process); its directory."""
+    launcher = getattr(ctx.backend.factory, "launch_command", None)
+    if launcher is not None:
+        runs = _launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
+    else:
         probe = ctx.make(_workers_model())
-        strategy = None if isinstance(probe, DataParallel) else WORKERS
-        if strategy is not None:
-            ctx.notes.append(
-                f"simulated: {WORKERS} workers simulated in one process (the backend declares "
-                "no data_parallel launch_command), so no worker process or reduction was tested"
-            )
-        _workers.experiment(ctx.backend.factory, ctx.dtype, out, strategy)
-        return out
-    return _launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
+        ctx.require(
+            isinstance(probe, DataParallel),
+            "the backend declares capability 'data_parallel' but offers neither "
+            "launch_command(workers) nor launched_strategy(): the kit cannot start a second "
+            "worker",
+            "a capability declared without the methods it stands for",
+        )
+        _workers.experiment(ctx.backend.factory, ctx.dtype, out)
+        runs = out
+    _name_simulated(ctx, runs)
+    return runs
+
+
+def _name_simulated(ctx: Context, runs: Path) -> None:
+    """Mark the check simulated when the workers' strategy was the core's simulated one."""
+    outcome = _workers.read_result(runs / "a")[1]
+    if outcome.get("simulated"):
+        ctx.simulated = True
+        ctx.notes.append(
+            f"simulated: the {outcome['world_size']} workers were {outcome['strategy']} in one "
+            "process (the core's SimulatedWorkers), so no engine's reduction was tested"
+        )
 
 
 def _run_local_devices(ctx: Context) -> Path:
     """The experiment in a fresh process on the backend's local-devices strategy."""
     factory = ctx.backend.factory
-    if not ctx.backend.capabilities.data_parallel or not isinstance(factory, LocalDeviceParallel):
+    if not isinstance(factory, LocalDeviceParallel):
         ctx.skip(
             "the backend offers no one-process strategy over local devices (the optional "
             "local_devices_environment and local_devices_strategy of LocalDeviceParallel)"
@@ -121,23 +135,56 @@ def _launched(
                 command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env
             )
         except subprocess.TimeoutExpired:
-            ctx.require(False, f"{label} did not finish in {LAUNCH_TIMEOUT_S} s")
-        if done.returncode != 0:  # the workers' own errors say more than a launcher's summary
-            errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
-            detail = "\n".join(errors[-6:]) or done.stderr[-1500:]
-            ctx.require(False, f"{label} failed (exit {done.returncode}):\n{detail}")
-        missing = [d for d in dtypes.split(",") if not (out / d / "a" / "outcome.json").is_file()]
-        if missing:  # a launcher that reports success for workers that never finished
             ctx.require(
                 False,
-                f"{label} exited 0 but wrote no result for {', '.join(missing)}; the workers' "
-                f"output:\n{(done.stderr or done.stdout)[-1500:]}",
+                f"{label} did not finish in {LAUNCH_TIMEOUT_S} s",
+                "a worker waiting for another that died or never started (a collective, a "
+                "rendezvous)",
             )
+        expected = WORKERS if kind == "workers" else 1
+        failures = _unfinished(out, dtypes.split(","), expected)
+        if done.returncode != 0:
+            ctx.require(False, _launch_failure(label, done, failures, out), _WORKER_FAILED)
+        if failures:
+            likely = "a launcher that exits 0 although a worker failed or never ran"
+            ctx.require(False, _launch_failure(label, done, failures, out), likely)
         _LAUNCHED[key] = out
     return _LAUNCHED[key] / ctx.dtype
 
 
+_WORKER_FAILED = "a worker that failed: its error is quoted above"
 _ERROR = re.compile(r"(Error|Exception|Signal \d+|exitcode)\b")
+
+
+def _unfinished(out: Path, dtypes: list[str], workers: int) -> list[str]:
+    """``"float32: worker 1 of 2"``-like entries for every worker that did not finish."""
+    missing = []
+    for dtype in dtypes:
+        ranks = sorted(set(range(workers)) - _workers.finished_ranks(out / dtype))
+        if ranks:
+            names = ", ".join(str(r) for r in ranks)
+            missing.append(f"{dtype}: worker{'s' if len(ranks) > 1 else ''} {names} of {workers}")
+    return missing
+
+
+def _launch_failure(
+    label: str, done: subprocess.CompletedProcess[str], failures: list[str], out: Path
+) -> str:
+    """What went wrong with a launch: the exit status, which workers did not finish, and the
+    workers' own tracebacks (they say more than a launcher's summary), else its output."""
+    if done.returncode != 0:
+        head = f"{label} failed (exit {done.returncode})"
+    else:  # a launcher that reports success for workers that died or never ran
+        head = f"{label} exited 0, but not every worker finished ({'; '.join(failures)})"
+    tracebacks = _workers.worker_errors(out)
+    if tracebacks:
+        detail = "\n".join(text.strip().splitlines()[-1] for text in tracebacks)
+        detail = f"the workers' errors:\n{detail}\n{tracebacks[0].strip()[-1500:]}"
+    else:
+        errors = [line for line in done.stderr.splitlines() if _ERROR.search(line)]
+        output = "\n".join(errors[-6:]) or (done.stderr + done.stdout)[-1500:]
+        detail = f"the launcher's output:\n{output.strip() or '(none)'}"
+    return f"{head}; {detail}"
 
 
 def _workers_model() -> Any:
@@ -172,6 +219,7 @@ def _against_one(ctx: Context, runs: Path, single: Path, spread: str, one: str) 
 @check(
     "data_parallel",
     "workers_match_global_batch",
+    requires=("data_parallel",),
     guards="gradients summed or averaged once too often over workers (per-replica mean loss, "
     "a pmean on shard_map's sum), a second writer, a resume that depends on the worker count",
 )
@@ -209,6 +257,7 @@ def workers_match_global_batch(ctx: Context) -> None:
 @check(
     "data_parallel",
     "workers_draw_the_oracles_dropout",
+    requires=("data_parallel",),
     guards="every worker drawing the same dropout masks (each numbering its slices from 0), "
     "masks keyed by anything but the slice's place in the simulated workers' order",
 )
@@ -237,6 +286,7 @@ def workers_draw_the_oracles_dropout(ctx: Context) -> None:
 @check(
     "data_parallel",
     "local_devices_match_global_batch",
+    requires=("data_parallel",),
     guards="replicas of one process whose gradients are averaged where the engine sums them "
     "(MirroredStrategy with each replica's mean loss) or summed twice, a resume that depends "
     "on the device count",

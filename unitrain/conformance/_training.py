@@ -17,12 +17,13 @@ import numpy as np
 from unitrain import optim, schedules
 from unitrain.checkpoint import list_checkpoints
 from unitrain.conformance._context import Context
-from unitrain.conformance._probes import blobs
+from unitrain.conformance._probes import blobs, copy_state
 from unitrain.models import MLP
 from unitrain.training.trainer import Trainer
 
 __all__ = [
     "Interrupt",
+    "Snapshots",
     "StopAt",
     "classifier",
     "classifier_data",
@@ -61,6 +62,23 @@ class StopAt:
     def on_batch_begin(self, trainer: Trainer, batch: int) -> None:
         if trainer.state.step == self.step:
             raise Interrupt(f"simulated crash before update {self.step}")
+
+
+class Snapshots:
+    """Copies of the backend's state dict when training begins (a resumed run: right after
+    loading) and after every update, by update count: where two runs that should be
+    bit-identical parted (see :func:`unitrain.conformance._diagnosis.first_divergence`)."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, dict[str, np.ndarray]] = {}
+        self.start = 0
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.start = trainer.state.step
+        self.states[self.start] = copy_state(trainer.backend.state_dict())
+
+    def on_batch_end(self, trainer: Trainer, batch: int, logs: dict[str, Any]) -> None:
+        self.states[trainer.state.step] = copy_state(trainer.backend.state_dict())
 
 
 def fit(
@@ -109,6 +127,7 @@ def run_interrupted(
     stop_step: int,
     checkpoint: dict[str, Any],
     callbacks: Any = lambda: [],
+    watch: Sequence[Any] = (),
     **config: Any,
 ) -> Trainer:
     """Train until a crash before ``stop_step``, then resume in a fresh backend.
@@ -122,6 +141,7 @@ def run_interrupted(
         stop_step: the crash happens before this update.
         checkpoint: arguments of the ``ModelCheckpoint`` that saves where the crash resumes.
         callbacks: builds the other callbacks (fresh objects for each run).
+        watch: callbacks of the resumed run only (:class:`Snapshots`).
         config: more ``TrainerConfig`` fields.
 
     Returns:
@@ -149,7 +169,7 @@ def run_interrupted(
         model=model,
         optimizer=optimizer,
         epochs=epochs,
-        callbacks=callbacks(),
+        callbacks=[*callbacks(), *watch],
         resume=latest_checkpoint(directory),
         **config,
     )

@@ -16,6 +16,7 @@ from unitrain import optim
 from unitrain.conformance._context import Context
 from unitrain.conformance._probes import copy_state
 from unitrain.conformance._registry import check
+from unitrain.conformance._training import classifier_data
 from unitrain.conformance.checks.checkpoints import trained
 
 
@@ -123,8 +124,25 @@ def rejects_extra_key(ctx: Context) -> None:
     guards="state_dict or load_state_dict aliasing the caller's arrays",
 )
 def state_dict_is_a_copy(ctx: Context) -> None:
-    """Arrays returned by state_dict, or passed to load_state_dict, are not aliased."""
+    """Arrays returned by state_dict, or passed to load_state_dict, are not aliased.
+
+    Three ways: a state dict taken before one more update must not change with it (arrays
+    that are views of the backend's own memory, a CPU tensor's or a device buffer's, do);
+    writing into returned arrays, or into arrays given to load_state_dict, must not change
+    the backend.
+    """
     backend = trained(ctx, optim.SGD(momentum=0.9))
+    returned = backend.state_dict()
+    kept = copy_state(returned)
+    x, y = classifier_data(ctx, 3)
+    ctx.update(backend, (x[:8], y[:8]), 0.05)
+    ctx.require_identical(
+        "a state_dict() taken before one more update, after it",
+        returned,
+        kept,
+        "the update wrote into arrays state_dict() had returned: they share the backend's "
+        "memory (a view of a CPU tensor or of a device buffer) instead of being copies",
+    )
     before = copy_state(backend.state_dict())
     returned = backend.state_dict()
     for value in returned.values():

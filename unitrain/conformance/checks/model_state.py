@@ -14,6 +14,7 @@ import numpy as np
 
 from unitrain import optim
 from unitrain.conformance._context import Context
+from unitrain.conformance._diagnosis import first_differing, first_divergence
 from unitrain.conformance._probes import copy_state, upcast
 from unitrain.conformance._registry import check
 from unitrain.models import BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
@@ -118,13 +119,23 @@ def checkpoint_round_trip(ctx: Context) -> None:
 )
 def resume_exact(ctx: Context) -> None:
     """Stopping after half the updates and resuming in a fresh backend equals not stopping."""
-    straight = _trained(ctx).state_dict()
     half = STEPS // 2
+    straight = ctx.make(MODEL, optimizer=OPTIMIZER)
+    expected = {0: copy_state(straight.state_dict())}
+    for step, batch in enumerate(_batches(ctx), start=1):
+        ctx.update(straight, batch, 0.1)
+        expected[step] = copy_state(straight.state_dict())
     resumed = ctx.make(MODEL, optimizer=OPTIMIZER)
     resumed.load_state_dict(copy_state(_trained(ctx, half).state_dict()))
-    for batch in _batches(ctx)[half:]:
+    states = {half: copy_state(resumed.state_dict())}
+    for step, batch in enumerate(_batches(ctx)[half:], start=half + 1):
         ctx.update(resumed, batch, 0.1)
+        states[step] = copy_state(resumed.state_dict())
+    ours, theirs = states[STEPS], expected[STEPS]
     if ctx.backend.capabilities.bit_exact_resume:
-        ctx.require_identical("resumed vs uninterrupted", resumed.state_dict(), straight)
+        where = ""
+        if first_differing(ours, theirs)[0] is not None:
+            where = first_divergence(states, expected, half, ctx.models)
+        ctx.require_identical("resumed vs uninterrupted", ours, theirs, where)
     else:
-        ctx.compare("resumed vs uninterrupted", resumed.state_dict(), straight, "step")
+        ctx.compare("resumed vs uninterrupted", ours, theirs, "step")

@@ -3,7 +3,10 @@
 Each check trains the classifier with dropout (so random streams matter) twice: once
 straight through, once crashing after a checkpoint and resuming in a freshly built backend,
 as a new process would. Final parameters, optimizer state and the per-epoch history must be
-bit-identical when the backend declares ``bit_exact_resume``, else within ``step``.
+bit-identical when the backend declares ``bit_exact_resume``, else within ``step``. Both runs
+keep the state after every update, so a failure says where they parted: already at the
+resume (the load restores something else) or at a later update (the update depends on
+something the state dict does not hold, such as a counter or a random stream).
 """
 
 from __future__ import annotations
@@ -13,18 +16,25 @@ from typing import Any
 
 from unitrain import optim
 from unitrain.conformance._context import Context
+from unitrain.conformance._diagnosis import first_differing, first_divergence
 from unitrain.conformance._registry import check
-from unitrain.conformance._training import classifier, fit, run_interrupted
+from unitrain.conformance._training import Snapshots, classifier, fit, run_interrupted
 
 EPOCHS = 3  # six batches per epoch: 18 updates
 
 
-def _compare_runs(ctx: Context, straight: Any, resumed: Any) -> None:
+def _compare_runs(
+    ctx: Context, straight: Any, resumed: Any, watched: tuple[Snapshots, Snapshots]
+) -> None:
     ours, theirs = resumed.backend.state_dict(), straight.backend.state_dict()
     history = [{k: v for k, v in row.items() if k != "seconds"} for row in resumed.history]
     expected = [{k: v for k, v in row.items() if k != "seconds"} for row in straight.history]
     if ctx.backend.capabilities.bit_exact_resume:
-        ctx.require_identical("final state, resumed vs uninterrupted", ours, theirs)
+        where = ""
+        if first_differing(ours, theirs)[0] is not None:
+            after, before = watched
+            where = first_divergence(after.states, before.states, after.start, ctx.models)
+        ctx.require_identical("final state, resumed vs uninterrupted", ours, theirs, where)
         ctx.require_equal("history", history, expected)
     else:
         ctx.compare("final state, resumed vs uninterrupted", ours, theirs, "step")
@@ -40,13 +50,14 @@ def _resume(
     **config: Any,
 ) -> tuple[Any, Any]:
     model = classifier(dropout=0.25)
+    watched = (Snapshots(), Snapshots())
     straight = fit(
         ctx,
         ctx.make(model, optimizer=optimizer),
         model=model,
         optimizer=optimizer,
         epochs=EPOCHS,
-        callbacks=callbacks(),
+        callbacks=[*callbacks(), watched[1]],
         **config,
     )
     resumed = run_interrupted(
@@ -58,9 +69,10 @@ def _resume(
         stop_step=stop_step,
         checkpoint=checkpoint,
         callbacks=callbacks,
+        watch=[watched[0]],
         **config,
     )
-    _compare_runs(ctx, straight, resumed)
+    _compare_runs(ctx, straight, resumed, watched)
     return straight, resumed
 
 

@@ -228,8 +228,13 @@ def test_a_failure_names_the_tensor_the_float32_sized_error_and_the_likely_cause
     ctx = Context(resolve_backend("numpy"), "cpu", "float64", tolerance_for("float64"))
     expected = {"model.a": np.ones(4), "model.b": np.ones(4)}
     off = {"model.a": np.ones(4), "model.b": np.ones(4) * (1 + 3e-7)}  # float32-sized
-    with pytest.raises(CheckFailed, match=r"furthest off: 'model\.b'.*float32's size"):
+    with pytest.raises(CheckFailed, match=r"furthest off: 'model\.b'.*a float32 computation"):
         ctx.compare("state after one update", off, expected, "step")
+    broken = {"model.a": np.array([1.0, np.nan, 1.0, np.inf]), "model.b": np.ones(4)}
+    with pytest.raises(CheckFailed, match=r"first non-finite: 'model\.a' holds 2 .* at \[1\]"):
+        ctx.compare("state after one update", broken, expected, "step")
+    with pytest.raises(CheckFailed, match=r"first off at \[2\] of 4 \(3\.5, expected 3\)"):
+        ctx.compare("loss per epoch", [0.0, 1.0, 3.5, 4.0], [0.0, 1.0, 3.0, 4.0], "training")
 
     results = check_backend(
         _faulty_backends.DropoutNotInverted,
@@ -239,15 +244,41 @@ def test_a_failure_names_the_tensor_the_float32_sized_error_and_the_likely_cause
     (failed,) = results
     assert failed.status == "failed"
     assert failed.reason.endswith(f"(likely: {_guards('dropout::inverted_scaling')})")
+    assert failed.likely_cause == _guards("dropout::inverted_scaling")
 
 
 def _guards(base_id):
     return next(c.guards for c in all_checks() if c.base_id == base_id)
 
 
-def test_simulated_workers_are_named_as_such():
-    (result,) = check_backend("numpy", dtypes=["float64"], keyword="workers_match")
-    assert result.status == "passed"
-    assert any(
-        note.startswith("simulated: 2 workers simulated in one process") for note in result.notes
+def test_data_parallel_is_skipped_unless_declared_and_simulated_workers_are_named():
+    skipped = check_backend("numpy", dtypes=["float64"], keyword="data_parallel")
+    assert {r.status for r in skipped} == {"skipped"}
+    assert {r.reason for r in skipped} == {
+        "the backend does not declare capability 'data_parallel'"
+    }
+
+    report = run(_faulty_backends.SimulatesItsWorkers, dtypes=["float64"], keyword="workers_")
+    assert [(r.status, r.simulated) for r in report.results] == [("passed", True)] * 2
+    assert report.summary()["simulated"] == [r.id for r in report.results]
+    table = report.table()
+    assert "SIMULATED data_parallel::workers_match_global_batch[cpu-float64] (passed)" in table
+    assert "SimulatedWorkers in one process" in table
+
+    (declared,) = check_backend(
+        _faulty_backends.DeclaresDataParallelOnly, dtypes=["float64"], keyword="workers_match"
     )
+    assert declared.status == "failed"
+    assert "offers neither launch_command(workers) nor launched_strategy()" in declared.reason
+    assert declared.likely_cause == "a capability declared without the methods it stands for"
+
+
+def test_the_report_gives_each_family_its_worst_error_per_dtype():
+    report = run("numpy", keyword="schedules::cosine_decay")
+    (row,) = report.family_rows()
+    assert sorted(row["worst"]) == ["float32", "float64"]
+    assert row["worst"]["float64"]["tolerance"] == 1e-13
+    assert row["worst"]["float32"]["tolerance"] == 5e-7
+    assert row["worst"]["float64"]["id"] == "schedules::cosine_decay[cpu-float64]"
+    header = report.table().splitlines()[1]
+    assert "worst float32 / tol" in header and "worst float64 / tol" in header

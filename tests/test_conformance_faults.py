@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import types
+from pathlib import Path
 from typing import Any, ClassVar
 
 import _faulty_backends as f
+import _faulty_messages as fm
 import _faulty_optimizers as fo
 import _faulty_precision as fp
 import numpy as np
@@ -372,9 +375,17 @@ FAULTS = {
         f.StateDictAliases,
         "checkpoints::state_dict_is_a_copy[cpu-float32]",
     ),
+    "state_dict returns views of the CPU tensors": (
+        fm.StateDictSharesTensorMemory,
+        "checkpoints::state_dict_is_a_copy[cpu-float32]",
+    ),
     # resume
     "RNG not saved": (RngNotSaved, "resume::mid_epoch[cpu-float32]"),
     "update counter not restored": (f.LoadSkipsStepCounter, "resume::mid_epoch_adam[cpu-float32]"),
+    "micro-batches counted from the backend's start": (
+        fm.StaleMicroBatchCounter,
+        "resume::mid_epoch[cpu-float32]",
+    ),
     "rng_state not JSON data": (f.RngStateNotJson, "resume::rng_state_roundtrip[cpu-float32]"),
     # early_stopping
     "min_delta sign flipped": (MinDeltaFlipped, "early_stopping::scripted_min_delta[cpu-float32]"),
@@ -466,6 +477,10 @@ FAULTS = {
     "LayerNorm eps 1e-3 (Keras)": (KerasLayerNormEps, "layers::layer_norm[cpu-float32]"),
     "BatchNorm momentum read the Keras way": (
         KerasBatchNormMomentum,
+        "model_state::statistics_after_steps[cpu-float32]",
+    ),
+    "BatchNorm running variance biased": (
+        fm.BiasedRunningVariance,
         "model_state::statistics_after_steps[cpu-float32]",
     ),
     "TensorFlow SAME padding at stride 2": (
@@ -560,11 +575,96 @@ class UpdatesInFloat32(NumpyBackend):
         self.params = {k: v.astype(np.float32).astype(v.dtype) for k, v in self.params.items()}
 
 
-def test_a_float32_computation_in_a_float64_row_is_named_and_so_is_the_tensor() -> None:
-    keyword = "optimizers::sgd_momentum[cpu-float64]"
-    (caught,) = check_backend(UpdatesInFloat32, device="cpu", dtypes=["float64"], keyword=keyword)
-    assert caught.status == "failed"
-    assert "an error of float32's size in a float64 row" in caught.reason
-    assert "furthest off: 'model." in caught.reason
-    (control,) = check_backend(NumpyBackend, device="cpu", dtypes=["float64"], keyword=keyword)
-    assert control.status == "passed"
+_STALE = "the runs agreed right after resuming at update 9 and first differ after update 10"
+
+#: fault -> (faulty backend, the check that catches it, what its FAILED line must say): the
+#: tensor (with its layer or slot) or the cause, not only a number over a bar.
+MESSAGES = {
+    "tanh computed in float32 in a float64 row": (
+        fm.Float32Tanh,
+        "eval_mode::matches_reference_cross_entropy[cpu-float64]",
+        ["evaluate loss: relative error", "looks like a float32 computation"],
+    ),
+    "updates rounded through float32 in a float64 row": (
+        UpdatesInFloat32,
+        "optimizers::sgd_momentum[cpu-float64]",
+        [
+            "furthest off: 'model.layers.0.weight' (parameter 'weight' of layer 'layers.0', "
+            "a Linear)",
+            "looks like a float32 computation",
+        ],
+    ),
+    "BatchNorm running variance biased": (
+        fm.BiasedRunningVariance,
+        "model_state::statistics_after_steps[cpu-float32]",
+        ["furthest off: 'model.1.running_var' (state 'running_var' of layer '1', a BatchNorm)"],
+    ),
+    "BatchNorm running variance biased, one layer": (
+        fm.BiasedRunningVariance,
+        "layers::batch_norm[cpu-float32]",
+        ["model state after one update", "furthest off: 'model.1.running_var'"],
+    ),
+    "micro-batches counted from the backend's start": (
+        fm.StaleMicroBatchCounter,
+        "resume::mid_epoch[cpu-float32]",
+        [_STALE + " (the first update after resuming)", "a micro-batch or step counter"],
+    ),
+    "state_dict returns views of the CPU tensors": (
+        fm.StateDictSharesTensorMemory,
+        "checkpoints::state_dict_is_a_copy[cpu-float32]",
+        [
+            "a state_dict() taken before one more update, after it: 'model.layers.0.weight'",
+            "they share the backend's memory",
+        ],
+    ),
+    "update counter not restored": (
+        f.LoadSkipsStepCounter,
+        "resume::mid_epoch_adam[cpu-float32]",
+        [
+            "the state right after resuming at update 8 already differs",
+            "'optimizer.step' (the optimizer's update counter)",
+        ],
+    ),
+}
+
+
+def _failed_line(report: Any, check_id: str) -> str:
+    lines = report.table().splitlines()
+    return next(line for line in lines if line.startswith(f"FAILED   {check_id}: "))
+
+
+@pytest.mark.parametrize("fault", list(MESSAGES))
+def test_the_failed_line_names_the_tensor_or_the_cause(fault: str) -> None:
+    faulty, check_id, phrases = MESSAGES[fault]
+    dtype = check_id.rpartition("-")[2].rstrip("]")
+    report = run(faulty, device="cpu", dtypes=[dtype], keyword=check_id)
+    (caught,) = report.results
+    assert caught.status == "failed", f"{fault}: {check_id} did not catch it ({caught.reason})"
+    line = _failed_line(report, check_id)
+    missing = [phrase for phrase in phrases if phrase not in line]
+    assert not missing, f"{fault}: {missing} not in\n{line}"
+    assert caught.likely_cause and line.endswith(f"(likely: {caught.likely_cause})")
+    record = report.to_dict()["checks"][0]
+    assert record["likely_cause"] == caught.likely_cause and record["reason"] == caught.reason
+    base = next(c for c in faulty.__mro__[1:] if c in GOOD)
+    (control,) = check_backend(base, device="cpu", dtypes=[dtype], keyword=check_id)
+    assert control.status == "passed", f"{check_id} fails the good {base.name} backend too"
+
+
+def test_a_launcher_that_exits_0_when_a_worker_died_fails_with_the_workers_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tests = str(Path(__file__).parent)  # the launched workers import the fault from here
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    )
+    check_id = "data_parallel::workers_match_global_batch[cpu-float32]"
+    report = run("_faulty_messages:SwallowsAWorkersFailure", dtypes=["float32"], keyword=check_id)
+    (caught,) = report.results
+    assert caught.status == "failed", caught.reason
+    assert caught.reason.startswith(
+        "2 workers exited 0, but not every worker finished (float32: workers 0, 1 of 2); "
+        "the workers' errors:\nRuntimeError: worker 1 could not allocate its gradient buckets"
+    )
+    assert caught.likely_cause == "a launcher that exits 0 although a worker failed or never ran"
+    assert f"FAILED   {check_id}: 2 workers exited 0" in report.table()

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from unitrain import ConfigError, optim
+from unitrain import ConfigError, ops, optim
 from unitrain.backends.protocol import BackendOptions
 from unitrain.models import MLP
 
@@ -320,12 +320,12 @@ def test_torch_adapter_skips_non_finite_updates(name):
     assert relative_error(actual, expected) <= 1e-6
 
 
-# -- each adapter's table ---------------------------------------------------------------------
+# -- an optimizer written once ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Adagrad(optim.AbstractOptimizer):
-    """An optimizer no adapter's table lists (deliberately not registered by a type name)."""
+    """A new optimizer, written once in ops (deliberately not registered by a type name)."""
 
     eps: float = 1e-10
 
@@ -333,32 +333,76 @@ class Adagrad(optim.AbstractOptimizer):
     def state_slots(self) -> tuple[str, ...]:
         return ("sum",)
 
+    def update(self, param, grad, slots, lr, step):
+        total = slots["sum"] + grad * grad
+        return param - lr * grad / (ops.sqrt(total) + self.eps), {"sum": total}
+
+
+@dataclasses.dataclass(frozen=True)
+class NumpyOnlyAdagrad(Adagrad):
+    """The same rule as a numpy reference_update alone, the form before rules were in ops."""
+
+    update = optim.AbstractOptimizer.update
+
     def reference_update(self, param, grad, slots, lr, step):
         total = slots["sum"] + grad * grad
         return param - lr * grad / (np.sqrt(total) + self.eps), {"sum": total}
 
 
+def trained(backend: str, spec: optim.Optimizer, dtype: str) -> dict[str, np.ndarray]:
+    """Parameters after 20 updates of the public protocol on a fixed batch."""
+    pytest.importorskip(backend)
+    from unitrain.backends.registry import get_backend
+
+    options = BackendOptions(optimizer=spec, dtype=dtype, device="cpu", seed=0)
+    runner = get_backend(backend)(MODEL, options)
+    rng = np.random.default_rng(0)
+    batch = (rng.normal(size=(8, 6)).astype(dtype), rng.integers(0, 3, 8))
+    for t in range(20):
+        runner.forward(batch)
+        runner.backward()
+        runner.step(lr_at(t))
+    state = runner.state_dict()
+    return {k: np.asarray(v, np.float64) for k, v in state.items() if not k.endswith(".step")}
+
+
 @pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
-def test_an_optimizer_missing_from_an_adapters_table_is_refused_by_name(backend):
+def test_an_optimizer_written_once_in_ops_runs_on_every_backend(backend):
+    expected = trained("numpy", Adagrad(), "float64")
+    actual = trained(backend, Adagrad(), "float32")
+    assert sorted(actual) == sorted(expected)
+    model = [k for k in expected if k.startswith("model.")]
+    assert relative_error({k: actual[k] for k in model}, {k: expected[k] for k in model}) < 1e-5
+    assert relative_error(actual, expected) < 1e-5  # the "sum" slots too
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+def test_an_optimizer_without_an_update_in_ops_is_refused_by_name(backend):
     pytest.importorskip(backend)
     from unitrain import Trainer
 
-    message = f"the {backend} backend does not implement Adagrad; it implements Adam, AdamW, "
+    message = f"the {backend} backend cannot run NumpyOnlyAdagrad: it defines only a numpy "
     with pytest.raises(ConfigError, match=message):
-        Trainer(MODEL, backend=backend, optimizer=Adagrad())
+        Trainer(MODEL, backend=backend, optimizer=NumpyOnlyAdagrad())
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
-def test_every_built_in_optimizer_is_in_each_adapters_table(backend):
+def test_native_forms_are_optional_and_lion_has_none(backend):
+    """Lion is written once: no adapter keeps a form of its own, and each runs its rule in ops
+    (the kit's optimizer checks hold every adapter to it, with or without a native form)."""
     pytest.importorskip(backend)
-    table = importlib.import_module(f"unitrain.backends.{backend}.optimizers").OPTIMIZERS
-    assert set(table) == set(optim.optimizer_types().values())
+    module = importlib.import_module(f"unitrain.backends.{backend}.optimizers")
+    native = getattr(module, "OPTIMIZERS", {})
+    assert set(native) <= set(optim.optimizer_types().values())
+    assert optim.Lion not in native
+    assert all(optim.written_in_ops(cls()) for cls in optim.optimizer_types().values())
 
 
-def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update():
+@pytest.mark.parametrize("spec", [Adagrad(), NumpyOnlyAdagrad()], ids=["in_ops", "numpy_only"])
+def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update(spec):
     from unitrain.backends.numpy import NumpyBackend
 
-    backend = NumpyBackend(MODEL, BackendOptions(optimizer=Adagrad(), dtype="float64"))
+    backend = NumpyBackend(MODEL, BackendOptions(optimizer=spec, dtype="float64"))
     start = backend.state_dict()
     grads = gradients(3, MODEL.param_shapes())[:2]
     for g in grads:

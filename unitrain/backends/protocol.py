@@ -98,8 +98,9 @@ class BackendOptions:
     Attributes:
         loss: ``"cross_entropy"`` (integer class targets, softmax over logits) or ``"mse"``; a
             backend may also accept a native callable ``loss(outputs, targets)``.
-        optimizer: the optimizer description; its update rule is the numpy reference in
-            :mod:`unitrain.optim`.
+        optimizer: the optimizer description; its update rule is written once in ops
+            (:meth:`unitrain.optim.AbstractOptimizer.update`), a backend's faster native form
+            held to it.
         grad_clip_norm: clip gradients to this global L2 norm before the update, or None.
         device: ``"cpu"``, ``"gpu"`` or ``"auto"`` (a GPU when one is visible).
         seed: seeds initial weights of portable models and the dropout masks, which every

@@ -36,12 +36,14 @@ from unitrain.optim._base import (
     CLIP_EPSILON,
     AbstractOptimizer,
     apply_update,
+    bias_correction,
     clip_by_global_norm,
     global_norm,
     implementation,
     init_state,
     optimizer_from_dict,
     optimizer_types,
+    written_in_ops,
 )
 from unitrain.optim._lion import Lion
 from unitrain.optim._rmsprop import RMSprop
@@ -61,10 +63,12 @@ __all__ = [
     "Optimizer",
     "RMSprop",
     "apply_update",
+    "bias_correction",
     "clip_by_global_norm",
     "global_norm",
     "implementation",
     "init_state",
     "optimizer_from_dict",
     "optimizer_types",
+    "written_in_ops",
 ]

@@ -1,4 +1,4 @@
-"""Adam and AdamW with torch's formulas: bias corrections in float64, eps added to sqrt(v_hat).
+"""Adam and AdamW with torch's formulas: eps added to sqrt(v_hat), decoupled decay for AdamW.
 
 Both share one update, :class:`AbstractAdam`; they differ only in where the weight decay
 goes (``decoupled``), so each is final and neither subclasses the other.
@@ -7,13 +7,18 @@ goes (``decoupled``), so each is final and neither subclasses the other.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from typing import ClassVar, final
+from typing import Any, ClassVar, final
 
-import numpy as np
-
-from unitrain.optim._base import AbstractOptimizer, check_fraction, check_non_negative, set_fields
+from unitrain import ops
+from unitrain.ops import Array
+from unitrain.optim._base import (
+    AbstractOptimizer,
+    bias_correction,
+    check_fraction,
+    check_non_negative,
+    set_fields,
+)
 
 __all__ = ["AbstractAdam", "Adam", "AdamW"]
 
@@ -47,22 +52,17 @@ class AbstractAdam(AbstractOptimizer):
         """The first and second moments, ``("exp_avg", "exp_avg_sq")``."""
         return ("exp_avg", "exp_avg_sq")
 
-    def reference_update(
-        self,
-        param: np.ndarray,
-        grad: np.ndarray,
-        slots: Mapping[str, np.ndarray],
-        lr: float,
-        step: int,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def update(
+        self, param: Array, grad: Array, slots: Mapping[str, Array], lr: Any, step: Any
+    ) -> tuple[Array, dict[str, Array]]:
         """Return the parameter and both moments after one Adam update."""
         b1, b2, eps, wd = self.beta1, self.beta2, self.eps, self.weight_decay
-        bias_correction1 = 1.0 - b1**step
-        sqrt_bias_correction2 = math.sqrt(1.0 - b2**step)
+        correction1 = bias_correction(b1, step, param)
+        sqrt_correction2 = bias_correction(b2, step, param, root=True)
         g = grad + wd * param if wd and not self.decoupled else grad
         m = b1 * slots["exp_avg"] + (1.0 - b1) * g
         v = b2 * slots["exp_avg_sq"] + (1.0 - b2) * (g * g)
-        direction = (m / bias_correction1) / (np.sqrt(v) / sqrt_bias_correction2 + eps)
+        direction = (m / correction1) / (ops.sqrt(v) / sqrt_correction2 + eps)
         if wd and self.decoupled:
             direction = direction + wd * param
         return param - lr * direction, {"exp_avg": m, "exp_avg_sq": v}

@@ -1,8 +1,11 @@
 """The optimizer base class, the type-name registry, JSON round-tripping and the shared steps.
 
 An optimizer is data: a final frozen dataclass that names its hyperparameters, the state it
-keeps per parameter (:attr:`AbstractOptimizer.state_slots`) and its update rule once, as a
-numpy function (:meth:`AbstractOptimizer.reference_update`) that every backend is held to.
+keeps per parameter (:attr:`AbstractOptimizer.state_slots`) and its update rule once, in
+:mod:`unitrain.ops` (:meth:`AbstractOptimizer.update`). Every backend runs that rule as it is
+unless it keeps a faster native form (torch's fused kernels, optax's transforms), and the
+numpy backend running it in float64 is the reference every backend is held to
+(:meth:`AbstractOptimizer.reference_update`).
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from unitrain import ops
 from unitrain._errors import ConfigError
 from unitrain._fields import TypeRegistry
+from unitrain.ops import Array
 
 __all__ = [
     "CLIP_EPSILON",
     "AbstractOptimizer",
     "apply_update",
+    "bias_correction",
     "check_bool",
     "check_fraction",
     "check_non_negative",
@@ -34,6 +40,7 @@ __all__ = [
     "optimizer_from_dict",
     "optimizer_types",
     "set_fields",
+    "written_in_ops",
 ]
 
 #: Added to the global norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
@@ -44,13 +51,13 @@ _Implementation = TypeVar("_Implementation")
 
 
 class AbstractOptimizer(abc.ABC):
-    """An optimizer's hyperparameters, its per-parameter state slots and its reference update.
+    """An optimizer's hyperparameters, its per-parameter state slots and its update rule.
 
     Subclasses are final frozen dataclasses that name themselves in the class statement,
     ``class SGD(AbstractOptimizer, type_name="sgd")``, which registers them for
-    :func:`optimizer_from_dict`. They implement :attr:`state_slots` and
-    :meth:`reference_update`; the learning rate is never a field (it comes from the schedule,
-    one float per update).
+    :func:`optimizer_from_dict`. They implement :attr:`state_slots` and :meth:`update`, the
+    rule written once in :mod:`unitrain.ops`; the learning rate is never a field (it comes from
+    the schedule, one float per update).
     """
 
     type_name: ClassVar[str]
@@ -70,7 +77,35 @@ class AbstractOptimizer(abc.ABC):
         """The same as :attr:`state_slots` (the name adapters used before slots had one)."""
         return self.state_slots
 
-    @abc.abstractmethod
+    def update(
+        self, param: Array, grad: Array, slots: Mapping[str, Array], lr: Any, step: Any
+    ) -> tuple[Array, dict[str, Array]]:
+        """One update of one parameter, written in :mod:`unitrain.ops`: the rule every backend
+        runs where it keeps no faster form of its own.
+
+        Arithmetic happens in the arrays' own dtype, with hyperparameters as Python floats;
+        factors that depend on the step come from :func:`bias_correction`, which takes the
+        step as a host int or as the backend's integer scalar (a traced counter under
+        ``jax.jit`` or ``tf.function``). The base class has no rule: an optimizer that only
+        defines :meth:`reference_update` runs on the numpy backend alone.
+
+        Args:
+            param: the parameter before the update.
+            grad: its gradient (already clipped).
+            slots: the parameter's state, one array per name in :attr:`state_slots`.
+            lr: the learning rate of this update: a float or a scalar of the backend's.
+            step: updates applied including this one (1 for the first): an int or an integer
+                scalar of the backend's.
+
+        Returns:
+            ``(new_param, new_slots)``; the inputs are not modified.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no update written in unitrain.ops; define "
+            "update(param, grad, slots, lr, step) with unitrain.ops functions to run it on "
+            "every backend"
+        )
+
     def reference_update(
         self,
         param: np.ndarray,
@@ -79,21 +114,14 @@ class AbstractOptimizer(abc.ABC):
         lr: float,
         step: int,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Return one parameter and its slots after one update: the rule every backend follows.
+        """:meth:`update` run by the numpy backend's ops: with float64 arrays and a host
+        ``step``, the float64 oracle every backend is held to.
 
-        Arithmetic happens in the arrays' own dtype, with hyperparameters and step-dependent
-        factors as Python floats, so float64 arrays give the float64 oracle.
-
-        Args:
-            param: the parameter before the update.
-            grad: its gradient (already clipped).
-            slots: the parameter's state, one array per name in :attr:`state_slots`.
-            lr: the learning rate of this update.
-            step: updates applied including this one (1 for the first).
-
-        Returns:
-            ``(new_param, new_slots)``; the inputs are not modified.
+        An optimizer may override this alone (a numpy rule); it then runs on the numpy
+        backend only, and the other backends refuse it by name.
         """
+        with ops.using("numpy"):
+            return self.update(param, grad, slots, lr, step)
 
     def to_dict(self) -> dict[str, Any]:
         """Return ``{"type": type_name, **hyperparameters}`` with JSON types only."""
@@ -143,39 +171,81 @@ def implementation(
     table: Mapping[type[AbstractOptimizer], _Implementation],
     optimizer: AbstractOptimizer,
     backend: str,
+    generic: _Implementation,
 ) -> _Implementation:
-    """Return ``table``'s entry for ``optimizer``'s type: the one lookup every adapter makes.
+    """The implementation of ``optimizer`` that an adapter runs: its fast native form from
+    ``table`` where the adapter keeps one, else ``generic``, the adapter's runner of the
+    optimizer's own :meth:`~AbstractOptimizer.update` in ops.
 
-    Each adapter keeps one table ``{optimizer type: implementation}``; a type it lacks is an
-    error here, never a fallback to another optimizer's update.
+    A table entry is an optimisation the kit holds to the rule in ops; it is never another
+    optimizer's update.
 
     Args:
-        table: the adapter's implementations by exact optimizer type.
+        table: the adapter's native forms by exact optimizer type.
         optimizer: the optimizer to run.
         backend: the adapter's name, for the message.
+        generic: what runs an update written in ops on this adapter.
 
     Raises:
-        ConfigError: ``table`` has no entry for the optimizer's type.
+        ConfigError: ``table`` has no entry for the optimizer's type and the optimizer has
+            no update in ops (only a numpy ``reference_update``).
 
     Examples:
-        >>> from unitrain.optim import SGD, Adam
-        >>> implementation({SGD: "sgd update"}, SGD(), "demo")
-        'sgd update'
-        >>> implementation({SGD: "sgd update"}, Adam(), "demo")
-        Traceback (most recent call last):
-        ...
-        unitrain._errors.ConfigError: the demo backend does not implement Adam; it implements SGD. Choose one of those, or use a backend that implements Adam (the numpy reference implements every optimizer)
-    """  # noqa: E501
+        >>> from unitrain.optim import SGD
+        >>> implementation({SGD: "fused sgd"}, SGD(), "demo", "ops rule")
+        'fused sgd'
+        >>> implementation({}, SGD(), "demo", "ops rule")
+        'ops rule'
+    """
     found = table.get(type(optimizer))
-    if found is None:
-        name = type(optimizer).__name__
-        known = ", ".join(sorted(cls.__name__ for cls in table))
-        raise ConfigError(
-            f"the {backend} backend does not implement {name}; it implements {known}. "
-            f"Choose one of those, or use a backend that implements {name} (the numpy "
-            "reference implements every optimizer)"
-        )
-    return found
+    if found is not None:
+        return found
+    if written_in_ops(optimizer):
+        return generic
+    name = type(optimizer).__name__
+    raise ConfigError(
+        f"the {backend} backend cannot run {name}: it defines only a numpy reference_update, "
+        f"and the {backend} backend runs an optimizer's update(param, grad, slots, lr, step) "
+        "written in unitrain.ops. Write that method (the numpy reference then derives from "
+        "it), or train on the numpy backend"
+    )
+
+
+def written_in_ops(optimizer: AbstractOptimizer) -> bool:
+    """Whether ``optimizer`` has its :meth:`~AbstractOptimizer.update` in ops, so that every
+    backend can run it.
+
+    Examples:
+        >>> from unitrain.optim import SGD
+        >>> written_in_ops(SGD())
+        True
+    """
+    return type(optimizer).update is not AbstractOptimizer.update
+
+
+def bias_correction(beta: float, step: Any, like: Array, *, root: bool = False) -> Any:
+    """``1 - beta**step`` (its square root when ``root``), Adam's correction of a moment that
+    started at zero, as ``-expm1(step * log(beta))``.
+
+    A host int ``step`` gives a Python float computed in float64. A backend's integer scalar
+    (a device counter, traced under ``jax.jit`` or ``tf.function``) gives a scalar computed in
+    float32 (float64 for float64 ``like``) and handed on in ``like``'s dtype: within 3.3e-7
+    relative of the float64 value for every step up to 200,000, where ``1 - beta**step`` from a
+    float32 ``beta`` is 2e-5 off for ``beta = 0.999``, and no step needs the host.
+
+    Examples:
+        >>> round(bias_correction(0.9, 2, None), 12)
+        0.19
+    """
+    log_beta = math.log(beta) if beta > 0 else -math.inf  # -expm1(-inf) = 1 = 1 - 0**step
+    if isinstance(step, numbers.Integral):
+        value = -math.expm1(int(step) * log_beta)
+        return math.sqrt(value) if root else value
+    low = ops.dtype(like)
+    work = "float64" if low == "float64" else "float32"
+    value = -ops.expm1(ops.cast(step, work) * log_beta)
+    value = ops.sqrt(value) if root else value
+    return ops.cast(value, low) if low != work else value
 
 
 def init_state(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import final
+from typing import Any, final
 
-import numpy as np
-
+from unitrain import ops
+from unitrain.ops import Array
 from unitrain.optim._base import AbstractOptimizer, check_fraction, check_non_negative, set_fields
 
 __all__ = ["Lion"]
@@ -53,18 +53,13 @@ class Lion(AbstractOptimizer, type_name="lion"):
         """The momentum, ``("exp_avg",)``."""
         return ("exp_avg",)
 
-    def reference_update(
-        self,
-        param: np.ndarray,
-        grad: np.ndarray,
-        slots: Mapping[str, np.ndarray],
-        lr: float,
-        step: int,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def update(
+        self, param: Array, grad: Array, slots: Mapping[str, Array], lr: Any, step: Any
+    ) -> tuple[Array, dict[str, Array]]:
         """Return the parameter and its momentum after one Lion update."""
         b1, b2, wd = self.beta1, self.beta2, self.weight_decay
         m = slots["exp_avg"]
-        direction = np.sign(b1 * m + (1.0 - b1) * grad)
+        direction = ops.sign(b1 * m + (1.0 - b1) * grad)
         if wd:
             direction = direction + wd * param
         return param - lr * direction, {"exp_avg": b2 * m + (1.0 - b2) * grad}

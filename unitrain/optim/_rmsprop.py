@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import final
+from typing import Any, final
 
-import numpy as np
-
+from unitrain import ops
+from unitrain.ops import Array
 from unitrain.optim._base import (
     AbstractOptimizer,
     check_bool,
@@ -69,14 +69,9 @@ class RMSprop(AbstractOptimizer, type_name="rmsprop"):
             + (("grad_avg",) if self.centered else ())
         )
 
-    def reference_update(
-        self,
-        param: np.ndarray,
-        grad: np.ndarray,
-        slots: Mapping[str, np.ndarray],
-        lr: float,
-        step: int,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def update(
+        self, param: Array, grad: Array, slots: Mapping[str, Array], lr: Any, step: Any
+    ) -> tuple[Array, dict[str, Array]]:
         """Return the parameter and its slots after one RMSprop update."""
         alpha, wd = self.alpha, self.weight_decay
         g = grad + wd * param if wd else grad
@@ -85,9 +80,9 @@ class RMSprop(AbstractOptimizer, type_name="rmsprop"):
         if self.centered:
             grad_avg = alpha * slots["grad_avg"] + (1.0 - alpha) * g
             updated["grad_avg"] = grad_avg
-            denominator = np.sqrt(square_avg - grad_avg * grad_avg) + self.eps
+            denominator = ops.sqrt(square_avg - grad_avg * grad_avg) + self.eps
         else:
-            denominator = np.sqrt(square_avg) + self.eps
+            denominator = ops.sqrt(square_avg) + self.eps
         if not self.momentum:
             return param - lr * (g / denominator), updated
         buffer = self.momentum * slots["momentum"] + g / denominator

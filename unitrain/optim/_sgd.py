@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import final
-
-import numpy as np
+from typing import Any, final
 
 from unitrain._errors import ConfigError
+from unitrain.ops import Array
 from unitrain.optim._base import (
     AbstractOptimizer,
     check_bool,
@@ -60,14 +59,9 @@ class SGD(AbstractOptimizer, type_name="sgd"):
         """``("momentum",)`` when there is momentum, else nothing."""
         return ("momentum",) if self.momentum > 0 else ()
 
-    def reference_update(
-        self,
-        param: np.ndarray,
-        grad: np.ndarray,
-        slots: Mapping[str, np.ndarray],
-        lr: float,
-        step: int,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def update(
+        self, param: Array, grad: Array, slots: Mapping[str, Array], lr: Any, step: Any
+    ) -> tuple[Array, dict[str, Array]]:
         """Return the parameter and its momentum buffer after one SGD update."""
         mu, wd = self.momentum, self.weight_decay
         g = grad + wd * param if wd else grad

@@ -1,128 +1,96 @@
-"""Optimizers of the JAX backend: optax where it matches the reference, by hand where not.
+"""Optimizers of the JAX backend: each optimizer's rule in ops, and optax where it is faster.
 
-SGD is optax's own ``chain(add_decayed_weights(wd), sgd(lr, momentum, nesterov))``: its
-``trace`` is torch's ``b = mu * b + g`` (and ``g + mu * b`` for Nesterov), so it equals the
-reference of :mod:`unitrain.optim`. Adam and AdamW are :func:`torch_adam`, because
-``optax.adam`` computes ``1 - b2**t`` from a float32 ``b2`` (0.999 rounds to 0.99900001), a
-1.3e-5 relative error in the bias correction that drifts 2.7e-6 from the float64 reference
-over 100 steps. Lion is optax's own parts. RMSprop is written here (its state a
-:class:`SlotState`): optax's ``scale_by_rms`` puts eps inside the square root by default and
-``optax.rmsprop`` applies the LR before the momentum trace.
+Any optimizer runs by its :meth:`~unitrain.optim.AbstractOptimizer.update`, written once in
+:mod:`unitrain.ops`, over every leaf of the parameters (:func:`in_ops`): its state is one
+params-shaped pytree per declared slot and an int32 count of the updates applied, from which
+the rule computes Adam's bias corrections on the device (``-expm1(t * log(beta))``), so no
+step needs the host. SGD alone keeps optax's own parts, whose ``trace`` is torch's
+``b = mu * b + g`` (and ``g + mu * b`` for Nesterov), the rule's arithmetic exactly.
 
 :func:`build_optimizer` returns a function of the learning rate, which the jitted update
 calls with its traced ``lr`` argument: a new learning rate every step never recompiles, and
-the optimizer state holds only the moment buffers (no learning-rate or count leaves, as
+the optimizer state holds only the moment buffers and the count (no learning-rate leaves, as
 ``optax.inject_hyperparams`` would add: each leaf of the donated state costs ~0.7 µs per call).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from unitrain import optim
+from unitrain import ops, optim
+from unitrain.backends.jax import ops as jax_ops
 
 __all__ = [
     "OPTIMIZERS",
-    "SlotState",
-    "TorchAdamState",
+    "InOps",
+    "InOpsState",
     "build_optimizer",
     "export_slots",
     "guarded_update",
     "import_slots",
-    "torch_adam",
+    "in_ops",
 ]
 
 
-class TorchAdamState(NamedTuple):
-    """State of :func:`torch_adam`: updates applied, first and second moments."""
+class InOpsState(NamedTuple):
+    """State of :func:`in_ops`: updates applied, and one params-shaped pytree per slot."""
 
-    updates: jax.Array  # int32 updates applied; not ``count``, which would shadow tuple.count
-    exp_avg: Any
-    exp_avg_sq: Any
-
-
-def _log_beta(beta: float) -> np.float32:
-    # log(0) is -inf, and -expm1(t * -inf) = 1 is exactly 1 - 0**t for t >= 1.
-    return np.float32(math.log(beta) if beta > 0 else -math.inf)
+    updates: jax.Array  # int32; not ``count``, which would shadow tuple.count
+    slots: dict[str, Any]
 
 
-def torch_adam(
-    learning_rate: Any,
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
-) -> optax.GradientTransformation:
-    """Adam (L2 weight decay) or AdamW (decoupled) with torch's formulas, as an optax transform.
+class InOps(NamedTuple):
+    """An optimizer's update in ops at one learning rate: ``init(params)`` gives its state,
+    ``apply(grads, state, params)`` the new parameters and state (the rule's own values, not
+    optax updates that a sum would round again)."""
 
-    The bias corrections are computed in-graph as ``1 - b**t = -expm1(t * log(b))`` with
-    ``log(b)`` taken in float64 on the host: within 3.3e-7 relative of the float64 value for
-    every ``t`` up to 200,000 (measured; ``1 - float32(b)**t`` is 2e-5 off for b = 0.999),
-    and no host round trip is needed to know how many updates were skipped.
+    init: Callable[[Any], InOpsState]
+    apply: Callable[[Any, InOpsState, Any], tuple[Any, InOpsState]]
 
-    Args:
-        learning_rate: the step size (the jitted update's traced float32 ``lr`` argument).
-        beta1: decay of the first moment.
-        beta2: decay of the second moment.
-        eps: added to ``sqrt(v) / sqrt(1 - beta2**t)``.
-        weight_decay: L2 term added to the gradient (Adam) or decoupled decay (AdamW).
-        decoupled: AdamW's ``p -= lr * (u + wd * p)`` instead of Adam's coupled L2 term.
 
-    Returns:
-        The transformation; its updates are added to the parameters by
-        :func:`optax.apply_updates`.
-    """
-    log_beta1, log_beta2 = _log_beta(beta1), _log_beta(beta2)
+def in_ops(spec: optim.AbstractOptimizer) -> Callable[[Any], InOps]:
+    """``spec``'s own :meth:`~unitrain.optim.AbstractOptimizer.update`, leaf by leaf, as a
+    function of the learning rate."""
 
-    def init(params: Any) -> TorchAdamState:
-        return TorchAdamState(
-            updates=jnp.zeros((), jnp.int32),
-            exp_avg=jax.tree.map(jnp.zeros_like, params),
-            exp_avg_sq=jax.tree.map(jnp.zeros_like, params),
-        )
+    def init(params: Any) -> InOpsState:
+        slots = {slot: jax.tree.map(jnp.zeros_like, params) for slot in spec.state_slots}
+        return InOpsState(jnp.zeros((), jnp.int32), slots)
 
-    def update(grads: Any, state: TorchAdamState, params: Any = None) -> tuple[Any, Any]:
-        count = state.updates + 1
-        t = count.astype(jnp.float32)
-        bias_correction1 = -jnp.expm1(t * log_beta1)
-        sqrt_bias_correction2 = jnp.sqrt(-jnp.expm1(t * log_beta2))
+    def at(learning_rate: Any) -> InOps:
+        def apply(grads: Any, state: InOpsState, params: Any) -> tuple[Any, InOpsState]:
+            count = state.updates + 1
+            leaves, tree = jax.tree.flatten(params)
+            grad_leaves = jax.tree.leaves(grads)  # the same structure, so the same order
+            slot_leaves = {slot: jax.tree.leaves(v) for slot, v in state.slots.items()}
+            new_leaves: list[Any] = []
+            new_slots: dict[str, list[Any]] = {slot: [] for slot in state.slots}
+            with ops.using(jax_ops):
+                for index, (p, g) in enumerate(zip(leaves, grad_leaves, strict=True)):
+                    mine = {slot: values[index] for slot, values in slot_leaves.items()}
+                    new_p, updated = spec.update(p, g, mine, learning_rate, count)
+                    new_leaves.append(new_p.astype(p.dtype))
+                    for slot, value in updated.items():
+                        new_slots[slot].append(value.astype(p.dtype))
+            slots = {slot: jax.tree.unflatten(tree, values) for slot, values in new_slots.items()}
+            return jax.tree.unflatten(tree, new_leaves), InOpsState(count, slots)
 
-        # Same operations in the same order as unitrain.optim._adam_update.
-        if weight_decay and not decoupled:
-            grads = jax.tree.map(lambda g, p: g + weight_decay * p, grads, params)
-        exp_avg = jax.tree.map(lambda m, g: beta1 * m + (1.0 - beta1) * g, state.exp_avg, grads)
-        exp_avg_sq = jax.tree.map(
-            lambda v, g: beta2 * v + (1.0 - beta2) * (g * g), state.exp_avg_sq, grads
-        )
+        return InOps(init, apply)
 
-        def step(m: jax.Array, v: jax.Array, p: jax.Array) -> jax.Array:
-            direction = (m / bias_correction1) / (jnp.sqrt(v) / sqrt_bias_correction2 + eps)
-            if decoupled and weight_decay:
-                direction = direction + weight_decay * p
-            return -learning_rate * direction
-
-        updates = jax.tree.map(step, exp_avg, exp_avg_sq, params)
-        return updates, TorchAdamState(count, exp_avg, exp_avg_sq)
-
-    return optax.GradientTransformation(init, update)
+    return at
 
 
 def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
     def at(learning_rate: Any) -> optax.GradientTransformation:
         # optax.sgd's own parts, in one flat chain: leaving out a zero decay and a zero
-        # momentum keeps the arithmetic (and the state) exactly the reference's, which
-        # skips both when they are zero, and every level of nesting in the state is a
-        # pytree node that each jitted call flattens and rebuilds (wrapping optax.sgd
-        # in a chain cost ~4 µs of a ~20 µs W2 step).
+        # momentum keeps the arithmetic (and the state) exactly the rule's, which skips both
+        # when they are zero, and every level of nesting in the state is a pytree node that
+        # each jitted call flattens and rebuilds (wrapping optax.sgd in a chain cost ~4 µs
+        # of a ~20 µs W2 step).
         parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []
         if spec.momentum:
             parts.append(optax.trace(decay=spec.momentum, nesterov=spec.nesterov))
@@ -132,98 +100,20 @@ def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
     return at
 
 
-def _adam(spec: optim.AbstractAdam) -> Callable[[Any], optax.GradientTransformation]:
-    def at(learning_rate: Any) -> optax.GradientTransformation:
-        return torch_adam(
-            learning_rate,
-            beta1=spec.beta1,
-            beta2=spec.beta2,
-            eps=spec.eps,
-            weight_decay=spec.weight_decay,
-            decoupled=spec.decoupled,
-        )
-
-    return at
+#: Optimizer type -> ``make(spec)``, its native form as a function of the learning rate. A
+#: type missing here runs its update in ops (:func:`in_ops`).
+OPTIMIZERS: dict[type[optim.AbstractOptimizer], Callable[[Any], Any]] = {optim.SGD: _sgd}
 
 
-class SlotState(NamedTuple):
-    """State of the transforms written here for optimizers optax has no torch-exact form of:
-    one params-shaped pytree per slot the optimizer declares."""
-
-    slots: dict[str, Any]
-
-
-def _slot_state(spec: optim.AbstractOptimizer, params: Any) -> SlotState:
-    return SlotState({slot: jax.tree.map(jnp.zeros_like, params) for slot in spec.state_slots})
-
-
-def _rmsprop(spec: optim.RMSprop) -> Callable[[Any], optax.GradientTransformation]:
-    # torch's definition: optax's scale_by_rms puts eps inside the square root by default, and
-    # optax.rmsprop traces the momentum after scaling by the LR (the Keras convention).
-    alpha, eps, momentum, decay = spec.alpha, spec.eps, spec.momentum, spec.weight_decay
-
-    def at(learning_rate: Any) -> optax.GradientTransformation:
-        def update(grads: Any, state: SlotState, params: Any = None) -> tuple[Any, Any]:
-            if decay:
-                grads = jax.tree.map(lambda g, p: g + decay * p, grads, params)
-            old, new = state.slots, {}
-            new["square_avg"] = jax.tree.map(
-                lambda s, g: alpha * s + (1.0 - alpha) * (g * g), old["square_avg"], grads
-            )
-            variance = new["square_avg"]
-            if spec.centered:
-                new["grad_avg"] = jax.tree.map(
-                    lambda a, g: alpha * a + (1.0 - alpha) * g, old["grad_avg"], grads
-                )
-                variance = jax.tree.map(lambda s, a: s - a * a, variance, new["grad_avg"])
-            direction = jax.tree.map(lambda g, v: g / (jnp.sqrt(v) + eps), grads, variance)
-            if momentum:
-                new["momentum"] = jax.tree.map(
-                    lambda b, d: momentum * b + d, old["momentum"], direction
-                )
-                direction = new["momentum"]
-            updates = jax.tree.map(lambda d: -learning_rate * d, direction)
-            return updates, SlotState(new)
-
-        return optax.GradientTransformation(lambda params: _slot_state(spec, params), update)
-
-    return at
-
-
-def _lion(spec: optim.Lion) -> Callable[[Any], optax.GradientTransformation]:
-    def at(learning_rate: Any) -> optax.GradientTransformation:
-        # optax.lion's own parts: the sign of the beta1 interpolation, the momentum's beta2
-        # update, then the decay added to the sign before -lr, the reference's one expression.
-        parts = [optax.scale_by_lion(b1=spec.beta1, b2=spec.beta2)]
-        if spec.weight_decay:
-            parts.append(optax.add_decayed_weights(spec.weight_decay))
-        parts.append(optax.scale_by_learning_rate(learning_rate))
-        return optax.chain(*parts)
-
-    return at
-
-
-#: Optimizer type -> ``make(spec)``, which returns the transformation at a learning rate.
-#: A type missing here is refused.
-OPTIMIZERS: dict[type[optim.AbstractOptimizer], Callable[[Any], Any]] = {
-    optim.SGD: _sgd,
-    optim.Adam: _adam,
-    optim.AdamW: _adam,
-    optim.RMSprop: _rmsprop,
-    optim.Lion: _lion,
-}
-
-
-def build_optimizer(
-    spec: optim.AbstractOptimizer,
-) -> Callable[[Any], optax.GradientTransformation]:
-    """The optax transformation for ``spec`` at a given learning rate (traced or not).
+def build_optimizer(spec: optim.AbstractOptimizer) -> Callable[[Any], Any]:
+    """``spec``'s update at a given learning rate (traced or not): an optax transformation
+    from :data:`OPTIMIZERS`, else :class:`InOps` running its update in ops.
 
     The state's structure does not depend on the learning rate, so ``init`` may come from
     any value.
 
     Raises:
-        ConfigError: :data:`OPTIMIZERS` has no entry for the optimizer's type.
+        ConfigError: the optimizer has no native form here and no update in ops.
 
     Examples:
         >>> opt = build_optimizer(optim.SGD(momentum=0.9))
@@ -231,13 +121,13 @@ def build_optimizer(
         >>> [type(node).__name__ for node in jax.tree.leaves(state, is_leaf=_is_slot_node)]
         ['TraceState']
     """
-    make: Callable[[Any], Callable[[Any], optax.GradientTransformation]]
-    make = optim.implementation(OPTIMIZERS, spec, "jax")
+    make: Callable[[Any], Callable[[Any], Any]]
+    make = optim.implementation(OPTIMIZERS, spec, "jax", in_ops)
     return make(spec)
 
 
 def guarded_update(
-    optimizer_at: Callable[[Any], optax.GradientTransformation],
+    optimizer_at: Callable[[Any], Any],
     params: Any,
     opt_state: Any,
     grads: Any,
@@ -275,6 +165,8 @@ def guarded_update(
     optimizer = optimizer_at(lr)
 
     def update(params: Any, opt_state: Any) -> tuple[Any, Any]:
+        if isinstance(optimizer, InOps):
+            return optimizer.apply(grads, opt_state, params)
         updates, new_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), new_state
 
@@ -305,12 +197,8 @@ def _all_finite(leaves: list[jax.Array]) -> jax.Array:
 
 
 #: State node type -> {canonical slot: the node's field that holds it}.
-_SLOT_FIELDS: dict[type, dict[str, str]] = {
-    optax.TraceState: {"momentum": "trace"},
-    TorchAdamState: {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
-    optax.ScaleByLionState: {"exp_avg": "mu"},
-}
-_SLOT_NODES = (*_SLOT_FIELDS, SlotState)
+_SLOT_FIELDS: dict[type, dict[str, str]] = {optax.TraceState: {"momentum": "trace"}}
+_SLOT_NODES = (*_SLOT_FIELDS, InOpsState)
 
 
 def _is_slot_node(node: Any) -> bool:
@@ -327,7 +215,7 @@ def export_slots(spec: optim.AbstractOptimizer, opt_state: Any) -> dict[str, Any
 
 
 def _slot_of(node: Any, slot: str) -> Any:
-    if isinstance(node, SlotState):
+    if isinstance(node, InOpsState):
         return node.slots.get(slot)
     field = _SLOT_FIELDS[type(node)].get(slot)
     return None if field is None else getattr(node, field)
@@ -343,13 +231,9 @@ def import_slots(opt_state: Any, slots: Mapping[str, Any], step: int) -> Any:
     def replace(node: Any) -> Any:
         if isinstance(node, optax.TraceState):
             return node._replace(trace=slots["momentum"])
-        if isinstance(node, SlotState):
-            return SlotState({slot: slots[slot] for slot in node.slots})
-        if isinstance(node, optax.ScaleByLionState):
-            return node._replace(count=jnp.asarray(step, jnp.int32), mu=slots["exp_avg"])
-        if isinstance(node, TorchAdamState):
+        if isinstance(node, InOpsState):
             counter = jnp.asarray(step, jnp.int32)
-            return TorchAdamState(counter, slots["exp_avg"], slots["exp_avg_sq"])
+            return InOpsState(counter, {slot: slots[slot] for slot in node.slots})
         return node
 
     return jax.tree.map(replace, opt_state, is_leaf=_is_slot_node)

@@ -6,9 +6,9 @@ the core's forward (:func:`unitrain.models.apply`) under the reference's own ops
 parameters, so the outputs carry a graph of the ops that made them, each with a hand-written
 vector-Jacobian product checked against finite differences, and backward sweeps it. The update
 is the reference optimizer rule of :mod:`unitrain.optim`. Nothing here is fast; every line is
-meant to be checked by reading it. Unlike the other adapters it keeps no optimizer table: each
-optimizer's own ``reference_update`` *is* the rule, so every optimizer, a third party's
-included, has its oracle here.
+meant to be checked by reading it. Unlike the other adapters it keeps no faster optimizer forms:
+each optimizer's own update, run by these ops (``reference_update``), *is* the rule, so every
+optimizer, a third party's included, has its oracle here.
 
 Mixed precision is emulated the way mixed-precision kernels compute, for every layer alike: the
 parameters a pass reads, its input and every layer's output (and, backwards, every gradient flowing

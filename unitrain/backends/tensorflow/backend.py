@@ -5,9 +5,9 @@ the batch axis is left unknown (``None``), so the smaller last batch of an epoch
 (unless the model reads the batch size as a number: see
 :meth:`~.compiled.CompiledGraphs._traced_or_sized`), and the learning rate, the loss scale and the
 micro-batch index are tensor arguments, so changing them every step does not retrace either
-(``trace_counts`` counts the traces). The optimizer updates are the reference rules of
-:mod:`unitrain.optim`, written by hand in :mod:`unitrain.backends.tensorflow.optimizers`, because
-Keras' optimizers differ from them.
+(``trace_counts`` counts the traces). The optimizer updates are the rules of
+:mod:`unitrain.optim`, written once in ops and run by
+:mod:`unitrain.backends.tensorflow.optimizers`, because Keras' optimizers differ from them.
 
 Three calls, three functions: ``forward`` runs the model under a ``tf.GradientTape`` and
 returns the loss while keeping the gradients as device tensors; ``backward(scale)`` adds
@@ -153,7 +153,7 @@ class TensorFlowBackend(CompiledGraphs):
                     f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
                     f"got {wrong}"
                 )
-            optimizers.rule_for(options.optimizer)  # refuse a type the table lacks, now
+            optimizers.check_runnable(options.optimizer)
             self.slots = {
                 slot: [zeros_variable(p) for p in self.params.values()]
                 for slot in options.optimizer.state_slots

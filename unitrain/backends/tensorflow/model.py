@@ -1,11 +1,7 @@
 """Losses, dropout keys and native models' variable names of the TensorFlow adapter.
 
 Everything here runs inside ``tf.function`` bodies built by
-:class:`unitrain.backends.tensorflow.TensorFlowBackend`. The update rules are written by hand
-instead of using ``keras.optimizers``: Keras' SGD keeps the learning rate inside the momentum
-buffer and decouples weight decay, and its Adam puts epsilon outside the bias correction, which
-misses the torch-semantics reference of :mod:`unitrain.optim` by 1e-2 to 0.4 once the learning
-rate changes every step (see ``shared/anchors/optimizer-schedule-parity.md``).
+:class:`unitrain.backends.tensorflow.TensorFlowBackend`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,28 @@
-"""The optimizer update rules of the TensorFlow adapter, run inside ``tf.function`` bodies.
+"""The optimizer step of the TensorFlow adapter, run inside ``tf.function`` bodies.
 
-The update rules are written by hand instead of using ``keras.optimizers``: Keras' SGD keeps
-the learning rate inside the momentum buffer and decouples weight decay, and its Adam puts
-epsilon outside the bias correction, which misses the torch-semantics reference of
-:mod:`unitrain.optim` by 1e-2 to 0.4 once the learning rate changes every step (see
-``shared/anchors/optimizer-schedule-parity.md``).
+Every optimizer runs by its own :meth:`~unitrain.optim.AbstractOptimizer.update`, written once
+in :mod:`unitrain.ops`, not by ``keras.optimizers``: Keras' SGD keeps the learning rate inside
+the momentum buffer and decouples weight decay, and its Adam puts epsilon outside the bias
+correction, which misses the torch-semantics reference of :mod:`unitrain.optim` by 1e-2 to
+0.4 once the learning rate changes every step (see
+``shared/anchors/optimizer-schedule-parity.md``). In a graph the rule in ops costs what a
+hand-written one did: the same kernels, assigned in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain import optim
+from unitrain import ops, optim
+from unitrain.backends.tensorflow import ops as tensorflow_ops
 
 __all__ = [
-    "OPTIMIZERS",
     "all_finite",
     "clip_coefficient",
+    "check_runnable",
     "global_norm",
-    "rule_for",
     "update_parameters",
 ]
 
@@ -61,7 +63,7 @@ def update_parameters(
     step: tf.Tensor,
     lr: tf.Tensor,
 ) -> None:
-    """Apply the reference update of ``spec`` to ``params`` and ``slots``, by its table entry.
+    """Apply ``spec``'s update to ``params`` and ``slots``, assigning the new values.
 
     Args:
         spec: the optimizer description.
@@ -72,130 +74,21 @@ def update_parameters(
         lr: learning rate, a scalar tensor of the parameters' dtype (never a constant, so a new
             value every step does not retrace).
     """
-    rule_for(spec)(spec, params, grads, slots, step, lr)
+    count = step + 1
+    with ops.using(tensorflow_ops):
+        for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+            mine = {slot: variables[index] for slot, variables in slots.items()}
+            values = {slot: variable.read_value() for slot, variable in mine.items()}
+            new_p, updated = spec.update(p.read_value(), g, values, lr, count)
+            for slot, value in updated.items():
+                mine[slot].assign(value)
+            p.assign(new_p)
 
 
-def rule_for(spec: optim.AbstractOptimizer) -> _Rule:
-    """The update rule of ``spec`` from :data:`OPTIMIZERS`.
+def check_runnable(spec: optim.AbstractOptimizer) -> None:
+    """Refuse, now, an optimizer that has no update in ops (only a numpy reference_update).
 
     Raises:
-        ConfigError: the table has no entry for the optimizer's type.
+        ConfigError: naming the optimizer and what to write.
     """
-    return optim.implementation(OPTIMIZERS, spec, "tensorflow")
-
-
-def _sgd(
-    spec: optim.SGD,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        if spec.weight_decay:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        direction = g
-        if spec.momentum:
-            mu = tf.constant(spec.momentum, dtype)
-            buffer = mu * slots["momentum"][index] + g
-            slots["momentum"][index].assign(buffer)
-            direction = g + mu * buffer if spec.nesterov else buffer
-        p.assign_sub(lr * direction)  # in place: no p - lr * d temporary to copy back
-
-
-def _adam(
-    spec: optim.AbstractAdam,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    # Bias corrections in float64, like the reference's Python floats, then cast once: in
-    # float32, 1 - b2**t alone is 1.3e-5 relative off and breaks the 1e-6 bar.
-    t = tf.cast(step + 1, tf.float64)
-    bias_correction1 = 1.0 - tf.pow(tf.constant(spec.beta1, tf.float64), t)
-    sqrt_bias_correction2 = tf.sqrt(1.0 - tf.pow(tf.constant(spec.beta2, tf.float64), t))
-    decoupled = spec.decoupled
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        if spec.weight_decay and not decoupled:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        exp_avg, exp_avg_sq = slots["exp_avg"][index], slots["exp_avg_sq"][index]
-        m = tf.constant(spec.beta1, dtype) * exp_avg + tf.constant(1.0 - spec.beta1, dtype) * g
-        v = tf.constant(spec.beta2, dtype) * exp_avg_sq + tf.constant(1.0 - spec.beta2, dtype) * (
-            g * g
-        )
-        exp_avg.assign(m)
-        exp_avg_sq.assign(v)
-        denominator = tf.sqrt(v) / tf.cast(sqrt_bias_correction2, dtype) + tf.constant(
-            spec.eps, dtype
-        )
-        direction = (m / tf.cast(bias_correction1, dtype)) / denominator
-        if decoupled and spec.weight_decay:
-            direction = direction + tf.constant(spec.weight_decay, dtype) * p
-        p.assign_sub(lr * direction)
-
-
-def _rmsprop(
-    spec: optim.RMSprop,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    # torch's definition (Keras's RMSprop puts eps inside the square root).
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        alpha, one_minus = tf.constant(spec.alpha, dtype), tf.constant(1.0 - spec.alpha, dtype)
-        if spec.weight_decay:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        square_avg = alpha * slots["square_avg"][index] + one_minus * (g * g)
-        slots["square_avg"][index].assign(square_avg)
-        if spec.centered:
-            grad_avg = alpha * slots["grad_avg"][index] + one_minus * g
-            slots["grad_avg"][index].assign(grad_avg)
-            square_avg = square_avg - grad_avg * grad_avg
-        direction = g / (tf.sqrt(square_avg) + tf.constant(spec.eps, dtype))
-        if spec.momentum:
-            direction = tf.constant(spec.momentum, dtype) * slots["momentum"][index] + direction
-            slots["momentum"][index].assign(direction)
-        p.assign_sub(lr * direction)
-
-
-def _lion(
-    spec: optim.Lion,
-    params: Sequence[tf.Variable],
-    grads: Sequence[tf.Tensor],
-    slots: dict[str, list[tf.Variable]],
-    step: tf.Tensor,
-    lr: tf.Tensor,
-) -> None:
-    # Keras's Lion decays the weights in a separate assignment; the reference decays them in
-    # the update's expression.
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        m = slots["exp_avg"][index]
-        beta1, beta2 = spec.beta1, spec.beta2
-        interpolation = tf.constant(beta1, dtype) * m + tf.constant(1.0 - beta1, dtype) * g
-        direction = tf.sign(interpolation)
-        if spec.weight_decay:
-            direction = direction + tf.constant(spec.weight_decay, dtype) * p
-        m.assign(tf.constant(beta2, dtype) * m + tf.constant(1.0 - beta2, dtype) * g)
-        p.assign_sub(lr * direction)
-
-
-#: ``rule(spec, params, grads, slots, step, lr)``: one update of the variables in place.
-_Rule = Callable[..., None]
-
-#: Optimizer type -> its update rule on TensorFlow. A type missing here is refused.
-OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Rule] = {
-    optim.SGD: _sgd,
-    optim.Adam: _adam,
-    optim.AdamW: _adam,
-    optim.RMSprop: _rmsprop,
-    optim.Lion: _lion,
-}
+    optim.implementation({}, spec, "tensorflow", update_parameters)

@@ -1,9 +1,11 @@
-"""Optimizers of the PyTorch adapter: one table from optimizer type to its implementation.
+"""Optimizers of the PyTorch adapter: each optimizer's rule in ops, and faster native forms.
 
-torch's own classes where their formulas are the reference's (SGD, Adam, RMSprop), on the
-fastest kernel that computes them correctly here (:func:`.kernels.build_optimizer` decides by
-running them); ``torch._foreach`` ops in the reference's form where torch has no class that
-does (AdamW, whose torch class decays the weights in a separate multiply, and Lion).
+Any optimizer runs by its :meth:`~unitrain.optim.AbstractOptimizer.update`, written once in
+:mod:`unitrain.ops`, one parameter at a time (:class:`ForeachOptimizer` over :func:`in_ops`).
+:data:`OPTIMIZERS` keeps faster forms that the kit holds to that rule: torch's own classes where
+their formulas are the rule's (SGD, Adam, RMSprop), on the fastest kernel that computes them
+correctly here (:func:`.kernels.build_optimizer` decides by running them), and
+``torch._foreach`` ops for AdamW, whose torch class decays the weights in a separate multiply.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import optim
+from unitrain import ops, optim
+from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.kernels import build_optimizer
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "ForeachOptimizer",
     "NativeOptimizer",
     "TorchOptimizer",
+    "in_ops",
     "optimizer_for",
 ]
 
@@ -209,29 +213,27 @@ def _adamw(
     torch._foreach_add_(p, direction, alpha=-lr)
 
 
-def _lion(
-    spec: optim.Lion,
-    p: _Tensors,
-    g: _Tensors,
+def in_ops(
+    spec: optim.AbstractOptimizer,
+    params: _Tensors,
+    grads: _Tensors,
     slots: dict[str, _Tensors],
     lr: float,
     step: int,
 ) -> None:
-    # torch has no Lion: the sign of the beta1 interpolation, the decoupled decay in the same
-    # expression, then the momentum's own beta2 update.
-    m = slots["exp_avg"]
-    direction = torch._foreach_mul(m, spec.beta1)
-    torch._foreach_add_(direction, torch._foreach_mul(g, 1.0 - spec.beta1))
-    torch._foreach_sign_(direction)
-    if spec.weight_decay:
-        torch._foreach_add_(direction, p, alpha=spec.weight_decay)
-    torch._foreach_add_(p, direction, alpha=-lr)
-    torch._foreach_lerp_(m, g, 1.0 - spec.beta2)
+    """Any optimizer's own update, written in ops, run on each parameter and copied back."""
+    with ops.using(torch_ops):
+        for index, (p, g) in enumerate(zip(params, grads, strict=True)):
+            mine = {slot: tensors[index] for slot, tensors in slots.items()}
+            new_p, new_slots = spec.update(p, g, mine, lr, step)
+            p.copy_(new_p)
+            for slot, value in new_slots.items():
+                mine[slot].copy_(value)
 
 
 _Factory = Callable[[Any, Mapping[str, nn.Parameter]], TorchOptimizer]
 
-#: Optimizer type -> its implementation on torch. A type missing here is refused.
+#: Optimizer type -> its native form on torch. A type missing here runs its update in ops.
 OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
     optim.SGD: lambda spec, params: NativeOptimizer(
         spec,
@@ -264,16 +266,17 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
         {"square_avg": "square_avg", "momentum": "momentum_buffer", "grad_avg": "grad_avg"},
         counts_steps=True,
     ),
-    optim.Lion: lambda spec, params: ForeachOptimizer(spec, params, _lion),
 }
 
 
 def optimizer_for(
     spec: optim.AbstractOptimizer, params: Mapping[str, nn.Parameter]
 ) -> TorchOptimizer:
-    """The implementation of ``spec`` from :data:`OPTIMIZERS`, over ``params``.
+    """The native form of ``spec`` from :data:`OPTIMIZERS`, else its update in ops, over
+    ``params``.
 
     Raises:
-        ConfigError: torch's table has no entry for the optimizer's type.
+        ConfigError: the optimizer has neither (only a numpy ``reference_update``).
     """
-    return optim.implementation(OPTIMIZERS, spec, "torch")(spec, params)
+    generic = lambda spec, params: ForeachOptimizer(spec, params, in_ops)  # noqa: E731
+    return optim.implementation(OPTIMIZERS, spec, "torch", generic)(spec, params)

@@ -88,10 +88,11 @@ class CheckResult:
         dtype: the parameter dtype.
         status: one of ``passed``, ``failed``, ``skipped``, ``xfailed``, ``xpassed``.
         reason: why it failed, was skipped or is a known failure ("" when it passed); a
-            failure ends with ``(likely: ...)``, the check's likely causes.
-        likely_cause: for a failure (or a known one), its likely cause: the backend bugs
-            the check fails on, as ``--list`` shows them, unless the check found a more
-            precise one (a launcher that hid a worker's failure); "" otherwise.
+            failed comparison ends with ``(likely: ...)``, its likely cause.
+        likely_cause: for a failed comparison (or a known failure), its likely cause: the
+            backend bugs the check fails on, as ``--list`` shows them, unless the check found
+            a more precise one (a launcher that hid a worker's failure); "" otherwise, and
+            for an error the backend raised, which names its own line.
         simulated: the check ran the backend's side of the comparison on simulated workers
             (the core's ``SimulatedWorkers`` in one process), not on an engine's workers, so
             its pass says nothing about the backend's own data-parallel training.
@@ -328,8 +329,10 @@ def run_planned(
         status, reason = "failed", str(failure)
         likely = failure.likely or likely
     except Exception as error:
+        # The error and its line are the cause: the check's guards name wrong numbers, which
+        # a TypeError in a backend's call would only be misread as.
         where = traceback.extract_tb(error.__traceback__)[-1]
-        status = "failed"
+        status, likely = "failed", ""
         reason = f"raised {type(error).__name__}: {error} (at {where.filename}:{where.lineno})"
     finally:
         ctx.close()

@@ -35,19 +35,13 @@ from unitrain import (  # noqa: E402
 from unitrain.backends.jax import JaxBackend, JaxModel  # noqa: E402
 from unitrain.backends.numpy import NumpyBackend  # noqa: E402
 from unitrain.backends.state import split_state  # noqa: E402
+from unitrain.conformance.optimizer_cases import OPTIMIZER_CASES  # noqa: E402
 from unitrain.models import MLP  # noqa: E402
 from unitrain.recipes import default_trainer, load_digits  # noqa: E402
 
 SMALL = MLP((8, 16, 4))
-OPTIMIZERS = {
-    "sgd": optim.SGD(),
-    "sgd-momentum": optim.SGD(momentum=0.9),
-    "sgd-nesterov": optim.SGD(momentum=0.9, nesterov=True),
-    "sgd-momentum-wd": optim.SGD(momentum=0.9, weight_decay=1e-2),
-    "adam": optim.Adam(),
-    "adam-l2": optim.Adam(weight_decay=1e-2),
-    "adamw": optim.AdamW(weight_decay=1e-2),
-}
+#: The kit's optimizer cases, by the kit's names (unitrain.conformance.optimizer_cases).
+OPTIMIZERS = {name: case.optimizer for name, case in OPTIMIZER_CASES.items()}
 PARITY_SEEDS = (0, 1, 2, 3)
 PARITY_STEPS = 100
 HAS_GPU = any(d.platform != "cpu" for d in jax.devices())
@@ -120,7 +114,7 @@ def test_optimizer_matches_float64_reference(name, clip):
     assert max(errors) <= 1e-6, errors
 
 
-@pytest.mark.parametrize("name", ["sgd-nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("name", ["sgd_nesterov", "adam", "adamw"])
 def test_nonfinite_gradients_are_skipped_in_parity_run(name):
     assert parity_error(OPTIMIZERS[name], 1.0, 0, nonfinite_steps=(30, 61)) <= 1e-6
 
@@ -212,7 +206,7 @@ def test_early_stopping_stops_at_the_numpy_epoch():
 # -- 3. state dict -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["sgd", "sgd-momentum", "adam", "adamw"])
+@pytest.mark.parametrize("name", ["sgd", "sgd_momentum", "adam", "adamw"])
 def test_state_dict_layout_equals_numpy(name):
     opts = options(optimizer=OPTIMIZERS[name])
     ours, theirs = JaxBackend(SMALL, opts).state_dict(), NumpyBackend(SMALL, opts).state_dict()
@@ -228,7 +222,7 @@ def train_a_little(backend, steps=3):
     return backend.state_dict()
 
 
-@pytest.mark.parametrize("name", ["sgd-momentum", "adamw"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw"])
 def test_state_crosses_to_and_from_numpy(name):
     opts = options(optimizer=OPTIMIZERS[name])
     from_numpy = train_a_little(NumpyBackend(SMALL, opts))

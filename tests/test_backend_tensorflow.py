@@ -25,6 +25,7 @@ from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.protocol import Backend, BackendOptions, FusedStep
 from unitrain.backends.state import split_state
 from unitrain.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+from unitrain.conformance.optimizer_cases import OPTIMIZER_CASES
 from unitrain.models import MLP
 from unitrain.recipes import default_trainer, load_digits
 from unitrain.training.config import TrainerConfig
@@ -33,16 +34,8 @@ tf = pytest.importorskip("tensorflow")
 tf_backend = pytest.importorskip("unitrain.backends.tensorflow")
 TensorFlowBackend = tf_backend.TensorFlowBackend
 
-#: Optimizers under test: one table drives the parity and state-dict tests.
-OPTIMIZERS = {
-    "sgd": optim.SGD(),
-    "sgd_momentum": optim.SGD(momentum=0.9),
-    "sgd_nesterov": optim.SGD(momentum=0.9, nesterov=True),
-    "sgd_weight_decay": optim.SGD(momentum=0.9, weight_decay=1e-2),
-    "adam": optim.Adam(),
-    "adam_l2": optim.Adam(weight_decay=1e-2),
-    "adamw": optim.AdamW(weight_decay=1e-2),
-}
+#: The kit's optimizer cases, by the kit's names (unitrain.conformance.optimizer_cases).
+OPTIMIZERS = {name: case.optimizer for name, case in OPTIMIZER_CASES.items()}
 PARITY_MODEL = MLP((16, 32, 4))
 PARITY_SEEDS = (0, 1, 2, 3)
 PARITY_STEPS = 100

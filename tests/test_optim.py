@@ -18,20 +18,11 @@ import pytest
 
 from unitrain import ConfigError, ops, optim
 from unitrain.backends.protocol import BackendOptions
+from unitrain.conformance.optimizer_cases import OPTIMIZER_CASES
 from unitrain.models import MLP
 
-OPTIMIZERS = {
-    "sgd": optim.SGD(),
-    "sgd_momentum": optim.SGD(momentum=0.9),
-    "sgd_nesterov": optim.SGD(momentum=0.9, nesterov=True),
-    "sgd_weight_decay": optim.SGD(momentum=0.8, weight_decay=1e-2),
-    "adam": optim.Adam(),
-    "adam_l2": optim.Adam(weight_decay=1e-2),
-    "adamw": optim.AdamW(weight_decay=0.05),
-    "rmsprop": optim.RMSprop(),
-    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.9, weight_decay=1e-3),
-    "lion": optim.Lion(weight_decay=0.1),
-}
+#: The kit's optimizer cases, by the kit's names (unitrain.conformance.optimizer_cases).
+OPTIMIZERS = {name: case.optimizer for name, case in OPTIMIZER_CASES.items()}
 STEPS = 100
 MODEL = MLP((6, 5, 3))
 
@@ -413,3 +404,13 @@ def test_the_numpy_reference_runs_any_optimizer_by_its_reference_update(spec):
         total = sum(g[name].astype(np.float64) ** 2 for g in grads)
         np.testing.assert_allclose(state[f"optimizer.{name}.sum"], total, rtol=1e-12)
         assert not np.array_equal(state[f"model.{name}"], start[f"model.{name}"])
+
+
+def test_every_optimizer_type_has_a_case_the_kit_and_the_tests_run():
+    """A new optimizer is its file in unitrain.optim and a row of OPTIMIZER_CASES: the row is
+    what the kit's optimizer and canonical-key checks and these tests iterate over."""
+    covered = {type(case.optimizer) for case in OPTIMIZER_CASES.values()}
+    assert covered == set(optim.optimizer_types().values())
+    for name, case in OPTIMIZER_CASES.items():
+        for drawn in case.examples:
+            assert type(case.build(drawn)) is type(case.optimizer), name

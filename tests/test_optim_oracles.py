@@ -18,25 +18,13 @@ import numpy as np
 import pytest
 
 from unitrain import optim
+from unitrain.conformance.optimizer_cases import OPTIMIZER_CASES
 
 STEPS = 40
 SHAPES = {"w": (5, 3), "b": (3,)}
 
-OPTIMIZERS = {
-    "sgd": optim.SGD(),
-    "sgd_weight_decay": optim.SGD(weight_decay=0.01),
-    "sgd_momentum": optim.SGD(momentum=0.9),
-    "sgd_nesterov_weight_decay": optim.SGD(momentum=0.8, nesterov=True, weight_decay=0.003),
-    "adam": optim.Adam(beta1=0.85, beta2=0.99, eps=1e-7),
-    "adam_weight_decay": optim.Adam(weight_decay=0.01),
-    "adamw": optim.AdamW(beta1=0.9, beta2=0.995, eps=1e-8, weight_decay=0.05),
-    "rmsprop": optim.RMSprop(),
-    "rmsprop_centered": optim.RMSprop(alpha=0.9, eps=1e-6, centered=True, weight_decay=0.01),
-    "rmsprop_momentum": optim.RMSprop(momentum=0.9),
-    "rmsprop_centered_momentum": optim.RMSprop(centered=True, momentum=0.8),
-    "lion": optim.Lion(),
-    "lion_weight_decay": optim.Lion(beta1=0.95, beta2=0.98, weight_decay=0.1),
-}
+#: The kit's optimizer cases, by the kit's names (unitrain.conformance.optimizer_cases).
+OPTIMIZERS = {name: case.optimizer for name, case in OPTIMIZER_CASES.items()}
 
 
 def inputs(seed: int = 0) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]], list[float]]:

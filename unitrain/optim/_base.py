@@ -171,7 +171,7 @@ def implementation(
     table: Mapping[type[AbstractOptimizer], _Implementation],
     optimizer: AbstractOptimizer,
     backend: str,
-    generic: _Implementation,
+    generic: _Implementation | None = None,
 ) -> _Implementation:
     """The implementation of ``optimizer`` that an adapter runs: its fast native form from
     ``table`` where the adapter keeps one, else ``generic``, the adapter's runner of the
@@ -184,25 +184,38 @@ def implementation(
         table: the adapter's native forms by exact optimizer type.
         optimizer: the optimizer to run.
         backend: the adapter's name, for the message.
-        generic: what runs an update written in ops on this adapter.
+        generic: what runs an update written in ops on this adapter; None for an adapter
+            that runs only the optimizers of its table (a native framework's classes).
 
     Raises:
-        ConfigError: ``table`` has no entry for the optimizer's type and the optimizer has
-            no update in ops (only a numpy ``reference_update``).
+        ConfigError: ``table`` has no entry for the optimizer's type and there is no
+            ``generic``, or the optimizer has no update in ops (only a numpy
+            ``reference_update``).
 
     Examples:
-        >>> from unitrain.optim import SGD
+        >>> from unitrain.optim import SGD, Adam
         >>> implementation({SGD: "fused sgd"}, SGD(), "demo", "ops rule")
         'fused sgd'
         >>> implementation({}, SGD(), "demo", "ops rule")
         'ops rule'
-    """
+        >>> implementation({SGD: "fused sgd"}, Adam(), "demo")
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.ConfigError: the demo backend does not implement Adam; it implements SGD. Choose one of those, or use a backend that runs any optimizer (numpy, torch, jax, tensorflow)
+    """  # noqa: E501
     found = table.get(type(optimizer))
     if found is not None:
         return found
+    name = type(optimizer).__name__
+    if generic is None:
+        known = ", ".join(sorted(cls.__name__ for cls in table))
+        raise ConfigError(
+            f"the {backend} backend does not implement {name}; it implements {known}. Choose "
+            "one of those, or use a backend that runs any optimizer (numpy, torch, jax, "
+            "tensorflow)"
+        )
     if written_in_ops(optimizer):
         return generic
-    name = type(optimizer).__name__
     raise ConfigError(
         f"the {backend} backend cannot run {name}: it defines only a numpy reference_update, "
         f"and the {backend} backend runs an optimizer's update(param, grad, slots, lr, step) "

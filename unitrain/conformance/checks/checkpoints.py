@@ -26,15 +26,25 @@ from unitrain.conformance._training import (
     fit,
     latest_checkpoint,
 )
+from unitrain.conformance.optimizer_cases import OPTIMIZER_CASES
 
-OPTIMIZERS: dict[str, optim.Optimizer] = {
-    "sgd": optim.SGD(),
-    "sgd_momentum": optim.SGD(momentum=0.9),
-    "adam": optim.Adam(),
-    "adamw": optim.AdamW(weight_decay=0.01),
-    "rmsprop": optim.RMSprop(centered=True, momentum=0.9),
-    "lion": optim.Lion(weight_decay=0.1),
-}
+
+def _one_per_layout() -> dict[str, optim.Optimizer]:
+    """The optimizer cases with a state layout of their own (type and slots), by case name:
+    each saves under other canonical keys, so each gets its own check; a new optimizer's
+    case row brings its check along."""
+    chosen: dict[str, optim.Optimizer] = {}
+    seen: set[tuple[type, tuple[str, ...]]] = set()
+    for name, case in OPTIMIZER_CASES.items():
+        layout = (type(case.optimizer), case.optimizer.state_slots)
+        if layout not in seen:
+            seen.add(layout)
+            chosen[name] = case.optimizer
+    return chosen
+
+
+#: One optimizer per state layout, by the name of its case in OPTIMIZER_CASES.
+OPTIMIZERS = _one_per_layout()
 
 
 def trained(ctx: Context, optimizer: optim.Optimizer, updates: int = 3, **fields: Any) -> Any:

@@ -21,3 +21,10 @@ def backend_param(name: str):
 def backends(*names: str) -> list:
     """Params for ``names`` (default: all built-in backends)."""
     return [backend_param(n) for n in (names or tuple(FRAMEWORKS))]
+
+
+def installed(*names: str) -> list[str]:
+    """The names (default: all built-in backends) whose framework is installed, for tests
+    that combine backends (pairs, cross-backend tables) rather than parametrize over one."""
+    chosen = names or tuple(FRAMEWORKS)
+    return [n for n in chosen if importlib.util.find_spec(FRAMEWORKS[n]) is not None]

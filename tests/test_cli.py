@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _backends import backends
+from _backends import FRAMEWORKS, backends
 
 from unitrain import Trainer, TrainerConfig, models
 from unitrain.checkpoint import list_checkpoints
@@ -63,7 +63,7 @@ def test_inspect_prints_the_contents(tmp_path, capsys):
 def test_backends_lists_every_builtin(capsys):
     assert main(["backends"]) == 0
     printed = capsys.readouterr().out
-    for name in ("numpy", "torch", "jax", "tensorflow"):
+    for name in FRAMEWORKS:
         assert name in printed
 
 

@@ -11,15 +11,12 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from _backends import installed
 
 from unitrain import BackendNotFoundError, ConfigError, ops
 from unitrain.conformance._op_cases import OP_CASES, make_inputs
 
-BACKENDS = [
-    name
-    for name in ("numpy", "torch", "jax", "tensorflow")
-    if name == "numpy" or importlib.util.find_spec(name) is not None
-]
+BACKENDS = installed()
 
 
 def parameters(function):

@@ -10,17 +10,14 @@ import importlib.util
 
 import numpy as np
 import pytest
+from _backends import installed
 
 from unitrain.conformance._op_cases import OP_CASES
 from unitrain.conformance._op_run import relative_error, run_case
 
 #: Normwise relative error allowed per dtype: a few units in the last place of one op.
 BARS = {"float64": 1e-12}
-BACKENDS = [
-    name
-    for name in ("numpy", "torch", "jax", "tensorflow")
-    if name == "numpy" or importlib.util.find_spec(name) is not None
-]
+BACKENDS = installed()
 
 
 def ops_of(backend: str):

@@ -3,19 +3,14 @@ eagerly and inside jax.jit / tf.function, with the distributions it claims."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
+from _backends import installed
 
 from unitrain import ops
 from unitrain.ops.random import _threefry
 
-BACKENDS = [
-    name
-    for name in ("numpy", "torch", "jax", "tensorflow")
-    if name == "numpy" or importlib.util.find_spec(name) is not None
-]
+BACKENDS = installed()
 
 #: Random123's known-answer vectors for threefry2x32_20: (key, counter, output), as words.
 KNOWN_ANSWERS = [

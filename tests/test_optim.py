@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import pytest
+from _backends import backends
 
 from unitrain import ConfigError, ops, optim
 from unitrain.backends.protocol import BackendOptions
@@ -357,7 +358,7 @@ def trained(backend: str, spec: optim.Optimizer, dtype: str) -> dict[str, np.nda
     return {k: np.asarray(v, np.float64) for k, v in state.items() if not k.endswith(".step")}
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("backend", backends("torch", "jax", "tensorflow"))
 def test_an_optimizer_written_once_in_ops_runs_on_every_backend(backend):
     expected = trained("numpy", Adagrad(), "float64")
     actual = trained(backend, Adagrad(), "float32")
@@ -367,7 +368,7 @@ def test_an_optimizer_written_once_in_ops_runs_on_every_backend(backend):
     assert relative_error(actual, expected) < 1e-5  # the "sum" slots too
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("backend", backends("torch", "jax", "tensorflow"))
 def test_an_optimizer_without_an_update_in_ops_is_refused_by_name(backend):
     pytest.importorskip(backend)
     from unitrain import Trainer
@@ -377,7 +378,7 @@ def test_an_optimizer_without_an_update_in_ops_is_refused_by_name(backend):
         Trainer(MODEL, backend=backend, optimizer=NumpyOnlyAdagrad())
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax", "tensorflow"])
+@pytest.mark.parametrize("backend", backends("torch", "jax", "tensorflow"))
 def test_native_forms_are_optional_and_lion_has_none(backend):
     """Lion is written once: no adapter keeps a form of its own, and each runs its rule in ops
     (the kit's optimizer checks hold every adapter to it, with or without a native form)."""

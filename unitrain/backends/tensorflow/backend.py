@@ -153,7 +153,7 @@ class TensorFlowBackend(CompiledGraphs):
                     f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
                     f"got {wrong}"
                 )
-            optimizers.check_runnable(options.optimizer)
+            optimizers.rule_for(options.optimizer)  # refuse, now, one that cannot run
             self.slots = {
                 slot: [zeros_variable(p) for p in self.params.values()]
                 for slot in options.optimizer.state_slots

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _backends import FRAMEWORKS, backends
+from _backends import FRAMEWORKS, backends, installed
 
 from unitrain import Trainer, TrainerConfig, models
 from unitrain.checkpoint import list_checkpoints
@@ -65,6 +66,48 @@ def test_backends_lists_every_builtin(capsys):
     printed = capsys.readouterr().out
     for name in FRAMEWORKS:
         assert name in printed
+    lines = {line.split()[0]: line for line in printed.splitlines()}
+    assert lines["numpy"].endswith(f"numpy {np.__version__}")  # what its versions() reports
+    for name in installed():  # torch's and TensorFlow's from metadata (see _versions_of)
+        assert re.search(rf"  {name} \d", lines[name]), lines[name]
+
+
+#: Two third-party backends: one whose versions() reads modules only, one whose versions()
+#: reads what its constructor sets.
+_THIRD_PARTY = """
+import importlib.metadata
+
+from unitrain.backends.protocol import Capabilities
+
+
+class ModuleVersions:
+    name = "mine"
+    capabilities = Capabilities()
+
+    def versions(self):
+        return {"minelib": "1.2", "numpy": importlib.metadata.version("numpy")}
+
+
+class StateVersions(ModuleVersions):
+    def versions(self):
+        return {"minelib": self.library_version}
+"""
+
+
+def test_backends_shows_what_a_third_partys_versions_reports(tmp_path, monkeypatch, capsys):
+    """A third party's version was '-': the metadata knows only the built-ins' frameworks."""
+    from unitrain.backends import registry
+
+    (tmp_path / "mine_backend.py").write_text(_THIRD_PARTY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entries = {"mine": "mine_backend:ModuleVersions", "mine_state": "mine_backend:StateVersions"}
+    monkeypatch.setattr(registry, "_entry_points", lambda: entries)
+    assert main(["backends"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["mine"].split()[-4:] == ["minelib", "1.2,", "numpy", np.__version__]
+    # A versions() that needs its constructor's state falls back to the version of the
+    # distribution that registered the backend; one found only by this test has none.
+    assert lines["mine_state"].split()[-2:] == ["cpu", "-"]
 
 
 def test_errors_are_printed_without_a_traceback(tmp_path, capsys):
@@ -316,6 +359,7 @@ def test_compare_prints_each_backend_per_epoch_and_plots(other, tmp_path):
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.harness  # the whole kit on numpy in a pytest subprocess: ~1 min in CI
 def test_the_kit_as_pytest_passes_from_the_repository_root():
     """The project's own pytest settings (coverage threshold) must not fail a user's kit run."""
     command = [sys.executable, "-m", "pytest", "--pyargs", "unitrain.conformance"]

@@ -31,38 +31,72 @@ def _backends(args: argparse.Namespace) -> int:
 
     Finding the devices imports the framework (seconds each, a minute for all four), so the
     lines are not held back for a table sized to the slowest: the cheap columns are aligned
-    first and the devices, found last, end each line.
+    first and the devices and versions, found last, end each line. The versions are what the
+    backend's ``versions()`` reports (see :func:`_versions_of`).
     """
     from unitrain.backends.protocol import AvailableDevices
     from unitrain.backends.registry import get_backend, list_backends
 
-    def devices_of(name: str) -> str:
-        quiet_framework_import(name)
-        cls: Any = get_backend(name)
-        found = cls.available_devices() if isinstance(cls, AvailableDevices) else None
-        return ", ".join(found or cls.capabilities.devices)
-
-    found = list_backends()  # names, versions and targets from package metadata: no imports
-    rows = [
-        (i.name, i.framework_version or "-", "yes" if i.installed else "no", i.target)
-        for i in found
-    ]
-    header = ("backend", "version", "installed", "target")
+    found = list_backends()  # names and targets from package metadata: no imports
+    rows = [(i.name, "yes" if i.installed else "no", i.target) for i in found]
+    header = ("backend", "installed", "target")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    registered = _registered_versions()
 
-    def line(cells: Sequence[str], devices: str) -> str:
-        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)) + "  " + devices
+    def line(cells: Sequence[str], devices: str, versions: str) -> str:
+        cheap = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths))
+        return f"{cheap}  {devices.ljust(len('cpu, gpu'))}  {versions}".rstrip()
 
-    print(line(header, "devices"), flush=True)
+    print(line(header, "devices", "versions"), flush=True)
     for info, row in zip(found, rows):
-        devices = "-"
+        devices = versions = "-"
         if info.installed:
             try:
-                devices = devices_of(info.name)
+                quiet_framework_import(info.name)
+                cls: Any = get_backend(info.name)
+                listed = cls.available_devices() if isinstance(cls, AvailableDevices) else None
+                devices = ", ".join(listed or cls.capabilities.devices)
+                fallback = registered.get(info.name, {})
+                if info.framework_version is not None:  # a built-in: its framework's version
+                    fallback = {info.name: info.framework_version}
+                versions = _versions_of(cls, fallback)
             except UnitrainError as error:
                 devices = f"unavailable: {error}"
-        print(line(row, devices), flush=True)
+        print(line(row, devices, versions), flush=True)
     return 0
+
+
+def _versions_of(cls: Any, fallback: dict[str, str]) -> str:
+    """What ``versions()`` reports for backend class ``cls``, as ``package version, ...``.
+
+    ``versions()`` is an instance method, and building an instance needs a model and may
+    claim a device, so it is called on an instance made without ``__init__``: a backend
+    whose ``versions()`` reads only modules (numpy's, JAX's, most third parties') is listed
+    as it reports itself. One that reads state its constructor sets (torch's and
+    TensorFlow's ask which device they run on) raises there, and ``fallback`` is shown
+    instead: the framework's version, or the version of the distribution that registered
+    the backend, from package metadata.
+    """
+    try:
+        reported = cls.__new__(cls).versions()
+        versions = {str(k): str(v) for k, v in dict(reported).items()}
+    except Exception:  # any error of a method run without its constructor: use the fallback
+        versions = fallback
+    return ", ".join(f"{package} {version}" for package, version in versions.items()) or "-"
+
+
+def _registered_versions() -> dict[str, dict[str, str]]:
+    """``{backend name: {distribution: version}}`` for every backend an installed
+    distribution registers in the ``unitrain.backends`` entry-point group."""
+    import importlib.metadata
+
+    from unitrain.backends.registry import ENTRY_POINT_GROUP
+
+    found = {}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.dist is not None:
+            found[entry.name] = {entry.dist.name: entry.dist.version}
+    return found
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -98,6 +98,7 @@ def test_the_paper_workloads_native_model_is_the_portable_one(name: str) -> None
     assert out.shape[-1] == workload.classes and y.max() < workload.classes
 
 
+@pytest.mark.harness  # ~2.5 min in CI
 def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,6 +141,7 @@ def test_the_gpu_benchmark_runs_every_workload_kind_and_variant_on_the_cpu(
         assert (row["unitrain_over_native"] is not None) == has_native, row
 
 
+@pytest.mark.harness  # ~1 min in CI
 def test_the_gpu_checks_precision_agreement_tells_float32_from_bfloat16_on_the_cpu() -> None:
     """The drift measurement of the GPU check, run here: float32 runs of torch and JAX stay
     within float32 rounding of numpy's float64 run and of each other, bf16-mixed ones do not."""

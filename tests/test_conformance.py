@@ -35,6 +35,7 @@ def _assert_conforms(results: list, minimum: int = 60) -> None:
     assert len(ran) >= minimum, f"only {len(ran)} checks ran"
 
 
+@pytest.mark.harness  # CI, 2 workers: TensorFlow ~10 min, JAX ~5, torch ~3, numpy ~1.5
 @pytest.mark.parametrize("backend", backends())
 def test_backend_conforms_in_every_declared_dtype(backend):
     """The whole kit, in every dtype the backend declares (read from its capabilities, so a

@@ -27,6 +27,7 @@ def on_path(monkeypatch):
         del sys.modules[name]
 
 
+@pytest.mark.harness  # the whole kit on Keras: ~1.5 min in CI
 def test_keras_native_conforms_with_its_declared_known_failures(on_path):
     report = run("keras_native.backend:KerasNativeBackend", device="cpu")
     counts = report.counts()

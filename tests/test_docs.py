@@ -151,8 +151,21 @@ def test_the_pages_repeat_the_readmes_setup_and_quickstart_word_for_word():
     assert quickstart.startswith("from unitrain import")
     assert setup in _code(ROOT / "docs" / "index.md")[0]
     assert quickstart in _code(ROOT / "docs" / "training.md")[0]
-    # The README's test command is the one CI runs.
-    assert readme_blocks[1].strip() in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_ci_runs_the_readmes_test_command_then_the_harnesses():
+    """The README's test command is CI's first stage, word for word and not in a comment; the
+    harness stage the README shows comes after it; and a stage that fails stops the script."""
+    readme_blocks, spans = _code(README)
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    ran = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
+    first_stage = readme_blocks[1].strip()
+    (second_stage,) = [span for span in spans if "pytest -m harness" in span]
+    assert first_stage in ran, "the README's test command is not a line of .ci/run"
+    assert second_stage in ran, "the README's harness command is not a line of .ci/run"
+    assert ran.index(first_stage) < ran.index(second_stage)
+    assert "--cov-append" in second_stage and "--cov-fail-under=90" in second_stage
+    assert re.search(r"^set -\w*e", script, re.MULTILINE), ".ci/run must stop at a failure"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())

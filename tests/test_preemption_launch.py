@@ -5,8 +5,9 @@
   process and no lock, and ``--resume auto`` ends bit-identical to an uninterrupted run.
 - ``torchrun --max-restarts=3`` with worker 1 killed (SIGKILL) on two attempts completes, and
   its final weights equal the uninterrupted run's: a restart resumes by itself.
-- ``test_sigterm_at_random_moments`` (slow) is the harness: SIGTERM at random moments
-  (``UNITRAIN_PREEMPT_TRIALS``, default 100) with 1 and 2 workers.
+- The first two are harnesses (``pytest -m harness``, CI's second stage);
+  ``test_sigterm_at_random_moments`` (slow: CI does not run it) is the soak: SIGTERM at
+  random moments (``UNITRAIN_PREEMPT_TRIALS``, default 100) with 1 and 2 workers.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def two_worker_run(tmp_path_factory) -> dict[str, np.ndarray]:
     return final_weights(out)
 
 
+@pytest.mark.harness  # ~40 s in CI, and ~20 s for the uninterrupted run both tests compare to
 def test_sigterm_to_a_two_worker_run_stops_every_worker_and_resume_auto_equals(
     tmp_path, two_worker_run
 ):
@@ -122,6 +124,7 @@ def test_sigterm_to_a_two_worker_run_stops_every_worker_and_resume_auto_equals(
     assert_same(final_weights(tmp_path), two_worker_run)
 
 
+@pytest.mark.harness  # ~40 s in CI
 def test_torchrun_max_restarts_with_a_worker_killed_twice_ends_as_the_whole_run(
     tmp_path, two_worker_run
 ):

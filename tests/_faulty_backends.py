@@ -71,15 +71,24 @@ class _DropoutVariant(NumpyBackend):
 class MaskFixedAcrossUpdates(NumpyBackend):
     """Seeds dropout from ``(seed, micro_batch)``: every update reuses the same masks."""
 
-    def _dropout_seed(self) -> list[int]:
-        return [self.options.seed, self._micro_batch]
+    def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
+        return [self.options.seed, micro_batch]
 
 
 class MaskSharedByMicroBatches(NumpyBackend):
     """Seeds dropout from ``(seed, step)``: the micro-batches of one update share a mask."""
 
-    def _dropout_seed(self) -> list[int]:
-        return [self.options.seed, int(self.opt_state["step"])]
+    def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
+        return [self.options.seed, step]
+
+
+class IgnoresUpdateNumbers(NumpyBackend):
+    """Keys dropout by its own count, dropping the ``step`` and ``micro_batch`` it is given."""
+
+    def forward(
+        self, batch: Any, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
+        return super().forward(batch)
 
 
 class DropoutNotInverted(_DropoutVariant):
@@ -130,7 +139,7 @@ class EvaluateAdvancesDropout(NumpyBackend):
     """Counts an evaluation as a micro-batch, shifting the dropout masks of training."""
 
     def evaluate(self, batch: Any) -> dict[str, Any]:
-        self._micro_batch += 1
+        self._numbers.micro_batch += 1
         return super().evaluate(batch)
 
 
@@ -207,7 +216,7 @@ class _UpdateRule(NumpyBackend):
             self.params[name] = self.update(spec, name, p, self.grads[name], lr, t)
         for g in self.grads.values():
             g.fill(0)
-        self._micro_batch = 0
+        self._numbers.updated()
 
     def update(self, spec: Any, name: str, p: np.ndarray, g: np.ndarray, lr: float, t: int) -> Any:
         raise NotImplementedError
@@ -314,7 +323,7 @@ class SkipsNothingOnNaN(NumpyBackend):
             optim.apply_update(self.options.optimizer, self.params, self.grads, self.opt_state, lr)
         for g in self.grads.values():
             g.fill(0)
-        self._micro_batch = 0
+        self._numbers.updated()
 
 
 # -- schedules, determinism, devices ----------------------------------------------------------
@@ -361,8 +370,8 @@ class FusedNumpy(NumpyBackend):
 
     capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"))
 
-    def train_step(self, batch: Any, lr: float) -> Any:
-        loss = self.forward(batch)
+    def train_step(self, batch: Any, lr: float, *, step: int | None = None) -> Any:
+        loss = self.forward(batch, step=step, micro_batch=0)
         self.backward()
         self.step(lr)
         return loss
@@ -371,11 +380,11 @@ class FusedNumpy(NumpyBackend):
 class FusedStepSkipsClipping(FusedNumpy):
     """Forgets clipping in the fused path (the plain path clips)."""
 
-    def train_step(self, batch: Any, lr: float) -> Any:
+    def train_step(self, batch: Any, lr: float, *, step: int | None = None) -> Any:
         clip = self.options.grad_clip_norm
         self.options = _replace_clip(self.options, None)
         try:
-            return super().train_step(batch, lr)
+            return super().train_step(batch, lr, step=step)
         finally:
             self.options = _replace_clip(self.options, clip)
 
@@ -385,13 +394,13 @@ class FusedStepReusesMask(FusedNumpy):
 
     _fused = False
 
-    def _dropout_seed(self) -> list[int]:
-        return [self.options.seed] if self._fused else super()._dropout_seed()
+    def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
+        return [self.options.seed] if self._fused else super()._dropout_seed(step, micro_batch)
 
-    def train_step(self, batch: Any, lr: float) -> Any:
+    def train_step(self, batch: Any, lr: float, *, step: int | None = None) -> Any:
         self._fused = True
         try:
-            return super().train_step(batch, lr)
+            return super().train_step(batch, lr, step=step)
         finally:
             self._fused = False
 

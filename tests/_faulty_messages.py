@@ -87,14 +87,20 @@ class BiasedRunningVariance(NumpyBackend):
 
 
 class StaleMicroBatchCounter(NumpyBackend):
-    """Numbers micro-batches from the backend's construction instead of from each update's
-    start: every pass still draws new dropout masks, but a resumed backend counts from 0
-    again, so its masks are not the uninterrupted run's."""
+    """Keys dropout by its own micro-batch count, not the one its caller passes, and counts
+    from its construction instead of from each update's start: every pass still draws new
+    dropout masks, but a resumed backend counts from 0 again, so its masks are not the
+    uninterrupted run's."""
+
+    def forward(
+        self, batch: Any, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
+        return super().forward(batch, step=step)
 
     def step(self, lr: float) -> None:
-        count = self._micro_batch
+        count = self._numbers.micro_batch
         super().step(lr)
-        self._micro_batch = count
+        self._numbers.micro_batch = count
 
 
 class StateDictSharesTensorMemory(TorchBackend):

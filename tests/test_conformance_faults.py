@@ -137,11 +137,12 @@ class RngNotSaved(TorchBackend):
         if getattr(self.module, "generator", None) is not None:
             self.module.generator.manual_seed(self.options.seed)
 
-    def forward(self, batch: Any) -> Any:
+    def forward(
+        self, batch: Any, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
         x, y = self._tensors(batch)
         self.module.train()
         self._loss = self._compute_loss(self.module(x), y)  # no per-step reseeding
-        self._micro_batch += 1
         return self._loss.detach()
 
 
@@ -430,6 +431,10 @@ FAULTS = {
     "dropout mask shared by micro-batches": (
         f.MaskSharedByMicroBatches,
         "dropout::new_mask_each_micro_batch[cpu-float32]",
+    ),
+    "dropout keyed by its own count, not the numbers passed": (
+        f.IgnoresUpdateNumbers,
+        "dropout::keyed_by_the_callers_numbers[cpu-float32]",
     ),
     "dropout without inverted scaling": (
         f.DropoutNotInverted,

@@ -106,13 +106,16 @@ class SameMasksOnEveryWorker(NumpyBackend):
     def launched_strategy(self) -> Any:
         return _Launched(WORKERS)
 
-    def forward(self, batch: Any) -> Any:
+    def forward(
+        self, batch: Any, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
         if not self.launched:
-            return super().forward(batch)
-        count = self._micro_batch  # the k-th slice of the update, in the simulated order
-        self._micro_batch = count // WORKERS  # this worker's own count of its slices
-        loss = super().forward(batch)
-        self._micro_batch = count + 1
+            return super().forward(batch, step=step, micro_batch=micro_batch)
+        # The k-th slice of the update, in the simulated order, numbered as this worker's
+        # own count of its slices, with no rank in it.
+        count = self._numbers.micro_batch if micro_batch is None else micro_batch
+        loss = super().forward(batch, step=step, micro_batch=count // WORKERS)
+        self._numbers.micro_batch = count + 1
         return loss
 
 

@@ -500,15 +500,16 @@ def test_metrics_through_predict_equal_metrics_on_the_device():
 class _MultiStepNumpy(NumpyBackend):
     """The reference with the optional fast paths, each defined as the plain calls."""
 
-    def train_step(self, batch, lr):
-        loss = self.forward(batch)
+    def train_step(self, batch, lr, *, step=None):
+        loss = self.forward(batch, step=step, micro_batch=0)
         self.backward()
         self.step(lr)
         return loss
 
-    def train_steps(self, batches, lrs):
-        pairs = zip(batches[0], batches[1], lrs)
-        return np.array([self.train_step((x, y), float(lr)) for x, y, lr in pairs])
+    def train_steps(self, batches, lrs, *, step=None):
+        first, rows = self._numbers.at(step), zip(batches[0], batches[1], lrs)
+        losses = [self.train_step((x, y), lr, step=first + i) for i, (x, y, lr) in enumerate(rows)]
+        return np.array(losses)
 
 
 def test_steps_per_call_leftovers_train_one_fused_update_each():

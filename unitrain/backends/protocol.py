@@ -2,14 +2,17 @@
 
 The Trainer talks to a backend through :class:`Backend` and nothing else, so a new framework
 fits in a few hundred lines. Everything a backend returns from the hot path (losses, metric
-values) stays a framework scalar; the Trainer adds them up with ``+`` and turns them into host
-floats only at logging points, so no call here forces a device-to-host sync per step.
+values) may stay on its device, as long as ``numpy.asarray`` (or the backend's ``to_host``)
+can read it; the Trainer adds them up with ``+`` and reads them on the host only at logging
+points, so no call here forces a device-to-host sync per step. The callers pass each update's
+numbers (``step``, ``micro_batch``; see :mod:`unitrain.backends.numbering`), so neither does
+keying dropout.
 
 An adapter imports the core only through public modules: this one (which also re-exports the
 helpers adapters share: :func:`check_state` and :func:`split_state` for the canonical state
-layout, :func:`as_pair` for a layer's pair fields), ``unitrain`` for the errors, and
-:mod:`unitrain.models`, :mod:`unitrain.optim`, :mod:`unitrain.backends.precision` and
-:mod:`unitrain.backends.strategy`.
+layout, :func:`as_pair` for a layer's pair fields, :class:`UpdateNumbers` for dropout keys),
+``unitrain`` for the errors, and :mod:`unitrain.models`, :mod:`unitrain.optim`,
+:mod:`unitrain.backends.precision` and :mod:`unitrain.backends.strategy`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from unitrain.backends.numbering import UpdateNumbers
 from unitrain.backends.precision import LossScaler
 from unitrain.backends.state import check_state, split_state
 from unitrain.models._base import as_pair
@@ -40,6 +44,7 @@ __all__ = [
     "PortableOps",
     "Prefetch",
     "ToHost",
+    "UpdateNumbers",
     "as_pair",
     "check_state",
     "split_state",
@@ -104,7 +109,8 @@ class BackendOptions:
         grad_clip_norm: clip gradients to this global L2 norm before the update, or None.
         device: ``"cpu"``, ``"gpu"`` or ``"auto"`` (a GPU when one is visible).
         seed: seeds initial weights of portable models and the dropout masks, which every
-            backend derives from ``(seed, step, micro_batch)`` so a resumed run draws the same.
+            backend derives from ``(seed, step, micro_batch)`` (the numbers its caller passes;
+            see :meth:`Backend.forward`) so a resumed run draws the same.
         deterministic: pick deterministic kernels.
         dtype: parameter dtype.
         matmul_precision: ``"highest"``, ``"high"`` or ``"medium"``: the framework's float32
@@ -153,11 +159,22 @@ class Backend(Protocol):
 
     @property
     def skipped_steps(self) -> int:
-        """How many ``step`` calls were skipped because a gradient was NaN or infinite."""
+        """How many ``step`` calls were skipped because a loss or gradient was NaN or
+        infinite."""
         ...
 
-    def forward(self, batch: Batch) -> Any:
-        """Run the model in train mode on ``batch``, keep what backward needs, return the loss."""
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
+        """Run the model in train mode on ``batch``, keep what backward needs, return the loss.
+
+        Dropout masks are keyed by ``(options.seed, step, dropout_index(micro_batch,
+        world_size, rank))``: ``step`` is how many updates the caller made before this
+        forward's update, skipped ones included (the Trainer's ``state.step``);
+        ``micro_batch`` how many forwards the backend already ran for this update (0 for the
+        first); ``(world_size, rank)`` what ``distribute`` set, else ``(1, 0)``. None (a direct
+        caller) means the backend's own count (:class:`UpdateNumbers`).
+        """
         ...
 
     def backward(self, scale: float = 1.0) -> None:
@@ -201,7 +218,11 @@ class Backend(Protocol):
         ...
 
     def versions(self) -> dict[str, str]:
-        """Return the versions of the framework packages in use, for checkpoints and reports."""
+        """Return the versions of the framework packages in use, for checkpoints and reports.
+
+        ``unitrain backends`` calls it on an instance made without ``__init__`` (no model, no
+        device), and shows the package metadata's version where it needs the constructor's
+        state (torch's and TensorFlow's name CUDA only when they use it)."""
         ...
 
     # Optional methods are the runtime-checkable protocols below (FusedStep, ToHost, ...):
@@ -212,8 +233,9 @@ class Backend(Protocol):
 class FusedStep(Protocol):
     """The optional fast path: one call for forward, backward and step."""
 
-    def train_step(self, batch: Batch, lr: float) -> Any:
-        """Equal to ``forward(batch); backward(); step(lr)``; returns the loss."""
+    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> Any:
+        """Equal to ``forward(batch, step=step, micro_batch=0); backward(); step(lr)``;
+        returns the loss."""
         ...
 
 
@@ -221,11 +243,11 @@ class FusedStep(Protocol):
 class MultiStep(Protocol):
     """Optional: several updates in one compiled call (``TrainerConfig.steps_per_call``)."""
 
-    def train_steps(self, batches: Batch, lrs: Any) -> Any:
+    def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> Any:
         """Equal to ``k`` ``train_step`` calls; returns the ``k`` losses as one array.
 
         ``batches`` are ``k`` equal-sized batches stacked on a new leading axis; ``lrs`` the
-        ``k`` learning rates, a float array.
+        ``k`` learning rates, a float array; update ``i`` is numbered ``step + i``.
         """
         ...
 
@@ -260,7 +282,7 @@ class DeviceData(Protocol):
         """Copy the whole training set to the device once."""
         ...
 
-    def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
+    def train_steps_on_device(self, indices: Any, lrs: Any, *, step: int | None = None) -> Any:
         """Like ``train_steps`` on the batches gathered by ``indices`` (``k x batch``)."""
         ...
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from unitrain._errors import NonFiniteError
+from unitrain.backends.numbering import NumberedCalls
 from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
 from unitrain.backends.strategy import Strategy, training_shards
 from unitrain.callbacks._base import CallbackList
@@ -59,6 +60,8 @@ class FitLoop:
         """Pick the update path the backend and configuration allow; start the counters."""
         config = self.config
         self._parallel = self.strategy.world_size > 1
+        #: The backend's update calls, given each update's numbers for its dropout keys.
+        self._calls = NumberedCalls(self.backend)
         # Workers weight their slice's loss before the engine reduces gradients, which needs
         # backward(scale) apart from step: fused and multi-step calls are single-worker paths.
         self._fused = isinstance(self.backend, FusedStep) and (
@@ -167,21 +170,21 @@ class FitLoop:
         fused step (or forward, backward and step), records the loss (no host sync) and
         counts. Hooks are called only when some callback defines them.
         """
-        callbacks, running, lr_at = self.callbacks, self._running, self.lr_at
-        update = self.backend.train_step if self._fused else self._update
+        callbacks, running, lr_at, state = self.callbacks, self._running, self.lr_at, self.state
+        update = self._calls.train_step if self._fused else self._update
         begin = callbacks.hooks["on_batch_begin"]
         for batch in batches:
-            lr = lr_at(self.state.step)
+            lr = lr_at(state.step)
             if begin:
-                callbacks.call("on_batch_begin", self, self.state.batch)
-            running.add(update(batch, lr), len(batch[0]))
+                callbacks.call("on_batch_begin", self, state.batch)
+            running.add(update(batch, lr, step=state.step), len(batch[0]))
             self._after_update(1, 1, lr)
             if self.state.stop_training:
                 break
 
-    def _update(self, batch: Batch, lr: float) -> Any:
+    def _update(self, batch: Batch, lr: float, step: int) -> Any:
         """``forward; backward; step``: one update from one batch, for unfused backends."""
-        loss = self.backend.forward(batch)
+        loss = self._calls.forward(batch, step=step, micro_batch=0)
         self.backend.backward()
         self.backend.step(lr)
         return loss
@@ -191,24 +194,33 @@ class FitLoop:
         state = self.state
         lrs = np.array([self.lr_at(state.step + i) for i in range(steps)])
         self.callbacks.call("on_batch_begin", self, state.batch)
-        run = self.backend.train_steps_on_device if kind == "indexed" else self.backend.train_steps
-        self._running.add(run(payload, lrs), batch_size, steps)
+        calls = self._calls
+        run = calls.train_steps_on_device if kind == "indexed" else calls.train_steps
+        self._running.add(run(payload, lrs, step=state.step), batch_size, steps)
         self._after_update(steps, steps, float(lrs[-1]))
 
     def _train_group(self, group: list[Batch]) -> None:
-        """One optimizer update from ``group``'s micro-batches, weighted by their sizes."""
-        backend, state = self.backend, self.state
+        """One optimizer update from ``group``'s micro-batches, weighted by their sizes.
+
+        Each forward is numbered by how many this backend already ran for the update: the
+        ``k``-th micro-batch of a launched worker is ``k``, and simulated workers' slices,
+        all run here, follow one another (``dropout_index``).
+        """
+        backend, state, calls = self.backend, self.state, self._calls
         lr = self.lr_at(state.step)
         self.callbacks.call("on_batch_begin", self, state.batch)
         if self._fused:
-            self._running.add(backend.train_step(group[0], lr), len(group[0][0]))
+            loss = calls.train_step(group[0], lr, step=state.step)
+            self._running.add(loss, len(group[0][0]))
         else:
             sizes = [len(batch[0]) for batch in group]
-            total = sum(sizes)
+            total, micro_batch = sum(sizes), 0
             for batch, n in zip(group, sizes):
                 for shard, weight in training_shards(self.strategy, batch):
-                    self._running.add(backend.forward(shard), len(shard[0]))
+                    loss = calls.forward(shard, step=state.step, micro_batch=micro_batch)
+                    self._running.add(loss, len(shard[0]))
                     backend.backward(weight * n / total)
+                    micro_batch += 1
             backend.step(lr)
         self._after_update(1, len(group), lr)
 

@@ -34,8 +34,14 @@ import numpy as np
 import tensorflow as tf
 
 from unitrain import optim
-from unitrain.backends.protocol import BackendOptions, Batch, Capabilities
-from unitrain.backends.state import check_state, split_state
+from unitrain.backends.protocol import (
+    BackendOptions,
+    Batch,
+    Capabilities,
+    UpdateNumbers,
+    check_state,
+    split_state,
+)
 from unitrain.models import MLP
 
 __all__ = ["KerasNativeBackend"]
@@ -99,7 +105,7 @@ class KerasNativeBackend:
         self.optimizer.build(self.variables)
         self.grads = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
         self._tape_grads: list[tf.Tensor] | None = None
-        self._micro_batch = 0
+        self._numbers = UpdateNumbers()  # dropout keys: the caller's (step, micro_batch)
         self._skipped = 0
 
     @property
@@ -112,15 +118,15 @@ class KerasNativeBackend:
         """Updates skipped because a gradient was not finite."""
         return self._skipped
 
-    def _run(self, x: tf.Tensor, training: bool) -> tf.Tensor:
+    def _run(self, x: tf.Tensor, training: bool, key: tuple[int, int] = (0, 0)) -> tf.Tensor:
         h = x
         keep = 1.0 - self.spec.dropout
         last = len(self.model.layers) - 1
-        step = int(self.optimizer.iterations.numpy()) if training and self.spec.dropout else 0
+        step, micro_batch = key
         for i, layer in enumerate(self.model.layers):
             h = layer(h)
             if training and i < last and self.spec.dropout:
-                seed = tf.constant([self.options.seed * 7919 + i, step * 1000 + self._micro_batch])
+                seed = tf.constant([self.options.seed * 7919 + i, step * 1000 + micro_batch])
                 mask = tf.random.stateless_uniform(tf.shape(h), seed) < keep
                 h = tf.where(mask, h / keep, tf.zeros_like(h))
         return h
@@ -132,13 +138,16 @@ class KerasNativeBackend:
         labels = tf.convert_to_tensor(np.asarray(y).astype(np.int64))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, out))
 
-    def forward(self, batch: Batch) -> Any:
-        """Train-mode loss; the gradients are kept for backward."""
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
+        """Train-mode loss; the gradients are kept for backward. Dropout is keyed by the
+        update's numbers the caller passes (else this backend's own count)."""
         x, y = batch
+        key = self._numbers.forward(step, micro_batch)
         with tf.GradientTape() as tape:
-            loss = self._loss(self._run(tf.convert_to_tensor(x, tf.float32), True), y)
+            loss = self._loss(self._run(tf.convert_to_tensor(x, tf.float32), True, key), y)
         self._tape_grads = tape.gradient(loss, self.variables)
-        self._micro_batch += 1
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
@@ -162,7 +171,7 @@ class KerasNativeBackend:
             self.optimizer.apply_gradients(zip(grads, self.variables))
         for buffer in self.grads:
             buffer.assign(tf.zeros_like(buffer))
-        self._micro_batch = 0
+        self._numbers.updated()
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics: no dropout, no state change."""
@@ -202,7 +211,7 @@ class KerasNativeBackend:
         for name, variable in self._slots().items():
             variable.assign(np.asarray(opt[name], np.float32))
         self.optimizer.iterations.assign(int(opt["step"]))
-        self._micro_batch = 0
+        self._numbers.loaded(int(opt["step"]))
 
     def rng_state(self) -> dict[str, Any]:
         """Nothing: dropout masks are stateless functions of (seed, step, micro-batch)."""

@@ -45,6 +45,7 @@ from unitrain import ConfigError
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
+    KEY_STEP,
     SKIPPED,
     DeviceState,
     functions,
@@ -79,7 +80,13 @@ from unitrain.backends.precision import (
     compute_dtype,
     require_precision,
 )
-from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state
+from unitrain.backends.protocol import (
+    BackendOptions,
+    Batch,
+    Capabilities,
+    UpdateNumbers,
+    check_state,
+)
 from unitrain.backends.strategy import dropout_index
 from unitrain.models import AbstractLayer, InputCheck
 
@@ -171,7 +178,7 @@ class JaxBackend:
         self._grads: Any = None  # None means zero: the fused path never allocates buffers
         self._vjp: Any = None
         self._loss: Any = None  # the last forward's loss: backward makes NaN gradients of NaN
-        self._micro_batch = 0
+        self._numbers = UpdateNumbers()  # the host's copy of the dropout key's numbers
         self._data: tuple[Any, Any] | None = None
         self._lr = ResidentScalar(self._put)
         self._reduce_gradients: Any = None  # summed over workers when data-parallel
@@ -226,17 +233,31 @@ class JaxBackend:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    def forward(self, batch: Batch) -> Any:
-        """Train-mode forward; keeps the VJP for backward and returns the loss (no host sync)."""
+    def _follow(self, step: int | None) -> None:
+        """Set the device's dropout key step to the caller's ``step`` where it differs from
+        the count both keep (after a resume, or a direct caller's jump): one write, rare."""
+        if step is not None and step != self._numbers.step:
+            counters = self._state.counters.at[KEY_STEP].set(np.int32(step))
+            self._state = self._state._replace(counters=counters)
+            self._numbers.loaded(step)
+
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
+        """Train-mode forward; keeps the VJP for backward and returns the loss (no host sync).
+
+        The dropout key's step is the device counter ``[KEY_STEP]`` (see :meth:`_follow`),
+        the micro-batch a host number passed in."""
         x, y = self._arrays(batch)
-        micro = np.int32(dropout_index(self._micro_batch, *self._worker))
+        self._follow(step)
+        _, micro_batch = self._numbers.forward(step, micro_batch)
+        micro = np.int32(dropout_index(micro_batch, *self._worker))
         state = self._state
         loss, self._vjp, model_state = self._fn.forward(
             state.params, state.model_state, x, y, self._settings, state.counters, micro
         )
         self._state = state._replace(model_state=model_state)
         self._loss = loss
-        self._micro_batch += 1
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
@@ -263,7 +284,7 @@ class JaxBackend:
         if self._reduce_gradients is not None:
             grads = self._reduce_gradients(grads)
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
-        self._micro_batch = 0
+        self._numbers.updated()
 
     def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
         """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
@@ -283,19 +304,23 @@ class JaxBackend:
     local_devices_environment = staticmethod(local_devices_environment)
     local_devices_strategy = staticmethod(LocalDevices)
 
-    def train_step(self, batch: Batch, lr: float) -> Any:
-        """Equal to ``forward(batch); backward(); step(lr)`` in one jitted, donated call.
+    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> Any:
+        """Equal to ``forward(batch, step=step, micro_batch=0); backward(); step(lr)`` in one
+        jitted, donated call.
 
         Returns:
             The loss as a :class:`~.losslog.LossRef` (the update wrote it into a device
             buffer; ``float()`` or ``numpy.asarray()`` reads it, :meth:`to_host` reads many).
         """
         if self._grads is not None or self._vjp is not None:
-            loss = self.forward(batch)  # gradients are pending: keep the three-call semantics
+            # Gradients are pending: keep the three-call semantics.
+            loss = self.forward(batch, step=step, micro_batch=self._numbers.micro_batch)
             self.backward()
             self.step(lr)
             return loss
         x, y = self._arrays(batch)
+        self._follow(step)
+        self._numbers.fused(step)
         log = self._losses
         if log.cursor == losslog.SIZE:
             self._state = self._state._replace(losses=log.turn_page())
@@ -333,18 +358,21 @@ class JaxBackend:
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 
-    def train_steps(self, batches: Batch, lrs: Any) -> jax.Array:
+    def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> jax.Array:
         """Run ``k`` updates in one compiled ``lax.scan``; equal to ``k`` :meth:`train_step` calls.
 
         Args:
             batches: ``(xs, ys)`` stacked along a new leading axis of length ``k``.
             lrs: the ``k`` learning rates, one per update.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` training losses (a device array).
         """
         self._check_no_pending("train_steps")
         xs, ys = self._arrays(batches)
+        self._follow(step)
+        self._numbers.fused(step, len(lrs))
         self._state, losses = self._fn.train_steps(
             self._state, xs, ys, host_lrs(lrs), self._settings
         )
@@ -354,12 +382,15 @@ class JaxBackend:
         """Copy a whole training set to the device once, for :meth:`train_steps_on_device`."""
         self._data = self._put(self._arrays((x, y)))
 
-    def train_steps_on_device(self, indices: Any, lrs: Any) -> jax.Array:
+    def train_steps_on_device(
+        self, indices: Any, lrs: Any, *, step: int | None = None
+    ) -> jax.Array:
         """``k`` updates on batches gathered on the device from the :meth:`set_device_data` arrays.
 
         Args:
             indices: integer array ``(k, batch_size)``: row ``i`` lists update ``i``'s examples.
             lrs: the ``k`` learning rates.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` training losses (a device array).
@@ -368,6 +399,8 @@ class JaxBackend:
             raise ConfigError("train_steps_on_device() needs set_device_data(x, y) first")
         self._check_no_pending("train_steps_on_device")
         indices = np.asarray(indices, np.int32)
+        self._follow(step)
+        self._numbers.fused(step, len(indices))
         self._state, losses = self._fn.train_steps_on_device(
             self._state, self._data, indices, host_lrs(lrs), self._settings
         )
@@ -389,10 +422,10 @@ class JaxBackend:
         self._state = self._layout.device_state(
             state, self._state, self.options.optimizer, self._fn.init_opt_state, self._put
         )
-        self._micro_batch = 0
+        self._numbers.loaded(int(state["optimizer.step"]))
 
     def rng_state(self) -> dict[str, Any]:
-        """Nothing: JAX has no global generator and dropout keys come from the step."""
+        """Nothing: JAX has no global generator and dropout keys come from the numbers."""
         return {}
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:

@@ -36,6 +36,7 @@ from unitrain.backends.precision import LossScaler
 __all__ = [
     "APPLIED",
     "GOOD_STEPS",
+    "KEY_STEP",
     "SCALE_EXPONENT",
     "SKIPPED",
     "DeviceState",
@@ -51,26 +52,28 @@ class DeviceState(NamedTuple):
     """Everything an update reads and writes, kept on the device and donated to each update.
 
     The counters share one array (each leaf of the donated state costs ~0.7 µs per call):
-    ``[APPLIED]`` updates applied (the dropout key's step), ``[SKIPPED]`` updates skipped
+    ``[APPLIED]`` updates applied (the optimizer's step), ``[SKIPPED]`` updates skipped
     for a non-finite loss or gradient, ``[CURSOR]`` the next slot of ``losses`` that
-    ``train_step`` writes (see :mod:`.losslog`), and under ``"16-mixed"`` the loss scaler's state:
-    ``[SCALE_EXPONENT]`` ``log2`` of the scale, ``[GOOD_STEPS]`` consecutive finite updates.
+    ``train_step`` writes (see :mod:`.losslog`), under ``"16-mixed"`` the loss scaler's state:
+    ``[SCALE_EXPONENT]`` ``log2`` of the scale, ``[GOOD_STEPS]`` consecutive finite updates;
+    and ``[KEY_STEP]`` the dropout key's step, which every update advances, skipped or not,
+    as the caller's ``step`` does (the backend sets it when the caller's differs: a resume).
     ``model_state`` is the model's non-trainable state (an empty dict for a model without any).
     """
 
     params: Any
     model_state: Any
     opt_state: Any
-    counters: jax.Array  # int32[5]
+    counters: jax.Array  # int32[6]
     losses: jax.Array  # float32[losslog.SIZE]
 
 
-APPLIED, SKIPPED, CURSOR, SCALE_EXPONENT, GOOD_STEPS = 0, 1, 2, 3, 4
+APPLIED, SKIPPED, CURSOR, SCALE_EXPONENT, GOOD_STEPS, KEY_STEP = 0, 1, 2, 3, 4, 5
 
 
 def initial_counters(scaler: LossScaler | None = None) -> np.ndarray:
     """The ``counters`` leaf of a new :class:`DeviceState`, on the host."""
-    counters = np.zeros(GOOD_STEPS + 1, np.int32)
+    counters = np.zeros(KEY_STEP + 1, np.int32)
     if scaler is not None:
         counters[SCALE_EXPONENT] = initial_exponent(scaler)
     return counters
@@ -192,12 +195,12 @@ def build_functions(
             counters = counters.at[SCALE_EXPONENT].set(exponent).at[GOOD_STEPS].set(good)
         finite = finite.astype(jnp.int32)
         zero = jnp.int32(0)
-        counters = counters + jnp.stack([finite, 1 - finite, zero, zero, zero])
+        counters = counters + jnp.stack([finite, 1 - finite, zero, zero, zero, jnp.int32(1)])
         return DeviceState(params, state.model_state, opt_state, counters, state.losses)
 
     def fused(state: DeviceState, x: Any, y: Any, lr: Any, cfg: Settings) -> tuple[Any, Any]:
         # micro_batch 0: the fused path only runs with no forward pending.
-        step, scale = state.counters[APPLIED], loss_scale(state.counters)
+        step, scale = state.counters[KEY_STEP], loss_scale(state.counters)
 
         def objective(params: Any) -> tuple[Any, Any]:
             loss, model_state = train_loss(params, state.model_state, x, y, cfg, step, 0)
@@ -211,7 +214,7 @@ def build_functions(
     ) -> Any:
         """``(loss, vjp, new model state)``."""
         counts["forward"] += 1
-        step = counters[APPLIED]
+        step = counters[KEY_STEP]
         return jax.vjp(
             lambda p: train_loss(p, model_state, x, y, cfg, step, micro), params, has_aux=True
         )

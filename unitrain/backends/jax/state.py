@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from unitrain import ConfigError, optim
-from unitrain.backends.jax.compiled import APPLIED, GOOD_STEPS, SCALE_EXPONENT, DeviceState
+from unitrain.backends.jax.compiled import (
+    APPLIED,
+    GOOD_STEPS,
+    KEY_STEP,
+    SCALE_EXPONENT,
+    DeviceState,
+)
 from unitrain.backends.jax.model import (
     flatten_params,
     shape_template,
@@ -97,7 +103,7 @@ class StateLayout:
         }
         opt_state = put(import_slots(init_opt_state(params), slots, step))
         counters = np.asarray(current.counters).copy()
-        counters[APPLIED] = step
+        counters[APPLIED] = counters[KEY_STEP] = step
         if scaler is not None:
             counters[SCALE_EXPONENT] = int(np.frexp(scaler[0])[1]) - 1
             counters[GOOD_STEPS] = int(scaler[1])

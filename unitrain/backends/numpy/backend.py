@@ -40,7 +40,14 @@ from unitrain.backends.precision import (
     require_precision,
     take_scaler_state,
 )
-from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.backends.protocol import (
+    BackendOptions,
+    Batch,
+    Capabilities,
+    UpdateNumbers,
+    check_state,
+    split_state,
+)
 from unitrain.data import check_targets
 from unitrain.models import AbstractLayer, Draw, InputCheck, Pass, apply
 
@@ -100,7 +107,7 @@ class NumpyBackend:
         self._input_check = InputCheck(model)
         #: The last train forward's output and its tracked parameters by name, for backward.
         self._graph: tuple[Any, dict[str, Tracked]] | None = None
-        self._micro_batch = 0
+        self._numbers = UpdateNumbers()  # the dropout key's (step, micro_batch)
         self._skipped = 0
         #: Whether every loss since the last step was finite (a step with one that is not is
         #: skipped, as one with a non-finite gradient is).
@@ -118,9 +125,9 @@ class NumpyBackend:
 
     # -- computation ---------------------------------------------------------------------
 
-    def _run(self, x: Any, train: bool) -> np.ndarray:
+    def _run(self, x: Any, train: bool, key: tuple[int, int] = (0, 0)) -> np.ndarray:
         """The model's outputs for ``x``; a train pass keeps its graph for :meth:`backward`
-        and moves the model state.
+        and moves the model state, its dropout keyed by ``key``: ``(step, micro_batch)``.
 
         Under mixed precision the pass reads the parameters and the input rounded to the
         compute dtype (the float32 master copies stay untouched) and rounds every layer's
@@ -138,7 +145,7 @@ class NumpyBackend:
         after = None if low is None else functools.partial(round_between_layers, low)
         if train:  # the parameters become the leaves of the graph backward sweeps
             params = {name: Tracked(value) for name, value in params.items()}
-        draw = self._draw() if train else None
+        draw = self._draw(*key) if train else None
         run = Pass(params, self.model_state, training=train, draw=draw, after_layer=after)
         out, state = self._apply(x, run)
         if after is not None:
@@ -154,18 +161,19 @@ class NumpyBackend:
         with ops.using(self.ops):
             return apply(self.model, x, run)
 
-    def _dropout_seed(self) -> list[int]:
-        """What this pass's dropout masks are drawn from: ``(seed, step, micro_batch)``."""
-        return [self.options.seed, int(self.opt_state["step"]), self._micro_batch]
+    def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
+        """What a pass's dropout masks are drawn from: ``(seed, step, micro_batch)``."""
+        return [self.options.seed, step, micro_batch]
 
-    def _draw(self) -> Draw:
-        """The pass's uniform numbers: one generator, drawn by the layers in the order they
-        run, made at the first draw (a pass that drops nothing makes none).
+    def _draw(self, step: int, micro_batch: int) -> Draw:
+        """The pass's uniform numbers: one generator seeded by :meth:`_dropout_seed`, drawn
+        by the layers in the order they run, made at the first draw (a pass that drops
+        nothing makes none).
 
         The numbers are float64 whatever the dtype, as the reference has always drawn them,
         so a seeded run keeps its masks.
         """
-        seed, generator = self._dropout_seed(), None
+        seed, generator = self._dropout_seed(step, micro_batch), None
 
         def draw(shape: Any, dtype: str) -> np.ndarray:
             nonlocal generator
@@ -201,14 +209,16 @@ class NumpyBackend:
     # numpy's floating-point warnings about them are silenced: they would only be noise, or
     # errors under ``-W error``. The other backends' frameworks do not warn either.
 
-    def forward(self, batch: Batch) -> Any:
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
         """Run in train mode and keep the graph for backward; return the mean loss."""
         x, y = batch
+        key = self._numbers.forward(step, micro_batch)
         with np.errstate(all="ignore"):
-            out = self._run(x, train=True)
+            out = self._run(x, train=True, key=key)
             loss, self._grad_out = self._loss(out, y)
         self._losses_finite &= bool(np.isfinite(loss))
-        self._micro_batch += 1
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
@@ -255,7 +265,8 @@ class NumpyBackend:
             optim.apply_update(self.options.optimizer, self.params, self.grads, self.opt_state, lr)
         for g in self.grads.values():
             g.fill(0)
-        self._micro_batch, self._losses_finite, self._graph = 0, True, None
+        self._numbers.updated()
+        self._losses_finite, self._graph = True, None
 
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Mean loss (and accuracy for classification) in eval mode: no dropout, the running
@@ -306,7 +317,8 @@ class NumpyBackend:
         self.opt_state = {
             k: np.array(v, np.int64 if k == "step" else self.dtype) for k, v in opt.items()
         }
-        self._micro_batch, self._losses_finite = 0, True
+        self._numbers.loaded(int(self.opt_state["step"]))
+        self._losses_finite = True
 
     def rng_state(self) -> dict[str, Any]:
         """Nothing: dropout masks come from ``(seed, step, micro_batch)``."""

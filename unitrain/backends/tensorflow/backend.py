@@ -44,7 +44,14 @@ import tensorflow.experimental.numpy as tnp
 
 from unitrain import ConfigError
 from unitrain.backends.precision import require_precision
-from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.backends.protocol import (
+    BackendOptions,
+    Batch,
+    Capabilities,
+    UpdateNumbers,
+    check_state,
+    split_state,
+)
 from unitrain.backends.strategy import dropout_index
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import ops as tensorflow_ops
@@ -160,6 +167,9 @@ class TensorFlowBackend(CompiledGraphs):
             }
             self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
             self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            #: The dropout key's step: advanced by every update, skipped or not, as the
+            #: caller's ``step``; set to the caller's where they differ (see ``_follow``).
+            self.key_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="key_step")
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = tf_model.loss_function(options.loss)
@@ -175,7 +185,8 @@ class TensorFlowBackend(CompiledGraphs):
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
-        self._micro_batch, self._worker = 0, (1, 0)  # worker: (world size, rank), for dropout
+        self._numbers = UpdateNumbers()  # the host's copy of the dropout key's numbers
+        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
         self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
         self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
@@ -209,18 +220,29 @@ class TensorFlowBackend(CompiledGraphs):
             y = tf.cast(y, self.dtype)
         return x, y
 
-    def forward(self, batch: Batch) -> Any:
+    def _follow(self, step: int | None) -> None:
+        """Set the dropout key's step variable to the caller's ``step`` where it differs from
+        the count both keep (after a resume, or a direct caller's jump): one write, rare."""
+        if step is not None and step != self._numbers.step:
+            self.key_step.assign(step)
+            self._numbers.loaded(step)
+
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
         """Train-mode forward under a gradient tape; returns the loss (a device scalar).
 
         The gradients are computed in the same compiled call and kept, as device tensors,
         for :meth:`backward`: the protocol always follows a forward with a backward, and one
-        traced function is faster than replaying the tape eagerly.
+        traced function is faster than replaying the tape eagerly. The dropout key's step is
+        the ``key_step`` variable, its micro-batch a host number passed in.
         """
         x, y = self._tensors(batch)
         function = self._batch_function("forward", self._forward_graph, x, y, scalar(tf.int64))
-        micro = dropout_index(self._micro_batch, *self._worker)
+        self._follow(step)
+        _, micro_batch = self._numbers.forward(step, micro_batch)
+        micro = dropout_index(micro_batch, *self._worker)
         loss, self._pending = function(x, y, tf.constant(micro, tf.int64))
-        self._micro_batch += 1
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
@@ -240,7 +262,8 @@ class TensorFlowBackend(CompiledGraphs):
                 buffer.assign(value)
         function = self._function(("step",), self._step_graph, (scalar(self.dtype),))
         function(tf.constant(lr, self.dtype))
-        self._micro_batch, self._pending, self._accumulated = 0, None, False
+        self._pending, self._accumulated = None, False
+        self._numbers.updated()
 
     def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
         """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
@@ -260,25 +283,30 @@ class TensorFlowBackend(CompiledGraphs):
     local_devices_environment = staticmethod(local_devices_environment)
     local_devices_strategy = staticmethod(LocalDevices)
 
-    def train_step(self, batch: Batch, lr: float) -> Any:
-        """``forward(batch); backward(); step(lr)`` in one compiled call; returns the loss."""
+    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> Any:
+        """``forward(batch, step=step, micro_batch=0); backward(); step(lr)`` in one compiled
+        call; returns the loss."""
         if self._accumulated:
             raise ConfigError("train_step() with gradients pending from backward(); call step()")
         x, y = self._tensors(batch)
         function = self._batch_function(
             "train_step", self._train_step_graph, x, y, scalar(tf.int64), scalar(self.dtype)
         )
-        loss = function(x, y, tf.constant(self._micro_batch, tf.int64), tf.constant(lr, self.dtype))
-        self._micro_batch, self._pending = 0, None
+        self._follow(step)
+        micro = dropout_index(self._numbers.micro_batch, *self._worker)
+        loss = function(x, y, tf.constant(micro, tf.int64), tf.constant(lr, self.dtype))
+        self._numbers.fused(step)
+        self._pending = None
         return loss
 
-    def train_steps(self, batches: Batch, lrs: Any) -> Any:
+    def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> Any:
         """Run ``k`` updates in one compiled call; equal to ``k`` calls of :meth:`train_step`.
 
         Args:
             batches: ``(inputs, targets)`` stacked along a new leading axis of length ``k``
                 (all ``k`` batches the same size).
             lrs: the ``k`` learning rates, one per update.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` losses as one device tensor.
@@ -288,8 +316,10 @@ class TensorFlowBackend(CompiledGraphs):
         function = self._batch_function(
             "train_steps", self._train_steps_graph, xs, ys, vector(self.dtype), stacked=True
         )
+        self._follow(step)
         losses = function(xs, ys, lrs)
-        self._micro_batch, self._pending = 0, None
+        self._numbers.fused(step, len(lrs))
+        self._pending = None
         return losses
 
     def set_device_data(self, inputs: Any, targets: Any) -> None:
@@ -298,13 +328,14 @@ class TensorFlowBackend(CompiledGraphs):
             x, y = self._tensors((inputs, targets))
             self._device_data = (tf.identity(x), tf.identity(y))
 
-    def train_steps_on_device(self, indices: Any, lrs: Any) -> Any:
+    def train_steps_on_device(self, indices: Any, lrs: Any, *, step: int | None = None) -> Any:
         """Run ``k`` updates on batches gathered by index from :meth:`set_device_data`'s set.
 
         Args:
             indices: int array ``(k, batch_size)``; row ``i`` holds the examples of update ``i``
                 (a smaller last batch of an epoch goes in a call of its own).
             lrs: the ``k`` learning rates.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` losses as one device tensor; equal to ``train_step`` on the same batches.
@@ -324,9 +355,11 @@ class TensorFlowBackend(CompiledGraphs):
             signature = (*data, rows, vector(self.dtype))
             function = self._traced_or_sized(key, self._gather_steps_graph, signature)
             if function is None:
-                return self.train_steps_on_device(indices, lrs)
+                return self.train_steps_on_device(indices, lrs, step=step)
+        self._follow(step)
         losses = function(x, y, indices, lrs)
-        self._micro_batch, self._pending = 0, None
+        self._numbers.fused(step, len(lrs))
+        self._pending = None
         return losses
 
     def to_host(self, values: list[Any]) -> list[np.ndarray]:
@@ -387,8 +420,10 @@ class TensorFlowBackend(CompiledGraphs):
             for name, variable in self._optimizer_variables().items():
                 variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
             self.step_count.assign(int(opt["step"]))
+            self.key_step.assign(int(opt["step"]))
             self.loss_scale.load(opt)
-        self._micro_batch, self._pending, self._accumulated = 0, None, False
+        self._numbers.loaded(int(opt["step"]))
+        self._pending, self._accumulated = None, False
 
     def rng_state(self) -> dict[str, Any]:
         """TensorFlow's global ``tf.random.Generator`` state (unitrain draws nothing from it)."""

@@ -34,6 +34,7 @@ class CompiledGraphs:
     slots: dict[str, list[tf.Variable]]
     grad_buffers: list[tf.Variable]
     step_count: tf.Variable
+    key_step: tf.Variable
     skipped_count: tf.Variable
     loss_scale: LossScale
     loss_fn: Callable[[Any, Any], tf.Tensor]
@@ -101,7 +102,7 @@ class CompiledGraphs:
     ) -> Any:
         key = None
         if self._dropout:
-            key = tf_model.dropout_key(self.options.seed, self.step_count.read_value(), micro_batch)
+            key = tf_model.dropout_key(self.options.seed, self.key_step.read_value(), micro_batch)
         params = list(self.params.values())
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key, global_size)
@@ -144,6 +145,7 @@ class CompiledGraphs:
             self.skipped_count.assign_add(1)
 
         tf.cond(finite, apply, skip)
+        self.key_step.assign_add(1)  # every update, applied or skipped, as the caller counts
 
     def _forward_graph(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
         return self._loss_and_grads(x, y, micro_batch)

@@ -19,7 +19,14 @@ from torch import nn
 
 from unitrain import ConfigError, optim
 from unitrain.backends.precision import require_precision
-from unitrain.backends.protocol import BackendOptions, Batch, Capabilities, check_state, split_state
+from unitrain.backends.protocol import (
+    BackendOptions,
+    Batch,
+    Capabilities,
+    UpdateNumbers,
+    check_state,
+    split_state,
+)
 from unitrain.backends.strategy import dropout_index
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.core import (
@@ -105,8 +112,8 @@ class TorchBackend(UpdateLoops):
         self.loss_fn, self.classification = loss_function(options.loss)
         self.optimizer = optimizer_for(options.optimizer, self.params)
         self._loss: torch.Tensor | None = None  # the last forward's, until backward
-        self._step = 0
-        self._micro_batch = 0
+        self._step = 0  # updates applied: the optimizer's step
+        self._numbers = UpdateNumbers()  # the dropout key's (step, micro_batch)
         self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
         self._skipped = 0
         # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
@@ -114,8 +121,7 @@ class TorchBackend(UpdateLoops):
         self._numpy_dtype = numpy_dtype(self.dtype)
         self._all_finite = finite_check(self.torch_device, self.dtype)
         native = self.optimizer.native
-        step_seeded = getattr(self.module, "generator", None) is not None
-        on_host = reads_flag_on_host(self.torch_device, self._mixed.scaled, step_seeded, native)
+        on_host = reads_flag_on_host(self.torch_device, self._mixed.scaled, native)
         self._guard = None if on_host else device_guard(native, options.grad_clip_norm)
 
     @property
@@ -170,22 +176,29 @@ class TorchBackend(UpdateLoops):
             out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
         return self.loss_fn(out, y)
 
-    def forward(self, batch: Batch) -> Any:
+    def forward(
+        self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+    ) -> Any:
         """Train-mode forward; returns the loss detached from the graph (no host sync)."""
-        return self._forward_tensors(*self._tensors(batch))
+        key = self._numbers.forward(step, micro_batch)
+        return self._forward_tensors(*self._tensors(batch), key)
 
-    def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _forward_tensors(
+        self, x: torch.Tensor, y: torch.Tensor, key: tuple[int, int]
+    ) -> torch.Tensor:
+        """The train-mode loss of ``(x, y)``, dropout seeded by ``key``: ``(step,
+        micro_batch)``."""
         if not self.module.training:
             self.module.train()
         generator = getattr(self.module, "generator", None)
         if generator is not None:
-            micro = dropout_index(self._micro_batch, *self._worker)
-            seed = hash((self.options.seed, self._step, micro)) & (2**63 - 1)
+            step, micro_batch = key
+            micro = dropout_index(micro_batch, *self._worker)
+            seed = hash((self.options.seed, step, micro)) & (2**63 - 1)
             generator.manual_seed(seed)
         with self._mixed.autocast():
             out = self._forward_module(x)
             self._loss = self._compute_loss(out, y)
-        self._micro_batch += 1
         return self._loss.detach()
 
     def distribute(self, wrap: Any, world_size: int, rank: int) -> None:
@@ -235,7 +248,7 @@ class TorchBackend(UpdateLoops):
         if not finite:
             self._skipped += 1
             self.optimizer.zero_grad()
-            self._micro_batch = 0
+            self._numbers.updated()
             return
         self._update(lr)
 
@@ -243,7 +256,7 @@ class TorchBackend(UpdateLoops):
         self._step += 1
         self.optimizer.step(lr, self._step)
         self.optimizer.zero_grad()
-        self._micro_batch = 0
+        self._numbers.updated()
 
     def _gradients_finite(self, grads: list[torch.Tensor]) -> bool:
         """Clip ``grads`` in place if configured; return whether they are all finite.
@@ -327,7 +340,7 @@ class TorchBackend(UpdateLoops):
             for name, tensor in self._model_tensors().items():
                 tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
         self.optimizer.load_slots(opt, self._step)
-        self._micro_batch = 0
+        self._numbers.loaded(self._step)
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         """Parameters and persistent buffers under their state-dict names, in the module's
@@ -360,13 +373,13 @@ class TorchBackend(UpdateLoops):
 def reads_flag_on_host(
     device: torch.device,
     scaled: bool,
-    step_seeded_dropout: bool,
     native: torch.optim.Optimizer | None,
 ) -> bool:
     """Whether a step reads its non-finite flag on the host rather than skip on the device.
 
     On the CPU the read costs nothing (and the device guard's extra ops ~5 % of a small step);
-    step-seeded dropout and the fp16 loss scale need each step's outcome before the next one;
-    and only torch's own optimizers (``native``) have fused kernels that skip on a flag.
+    the fp16 loss scale needs each step's outcome before the next one; and only torch's own
+    optimizers (``native``) have fused kernels that skip on a flag. Dropout does not: its
+    keys are numbered by the caller (skipped updates included), not by applied updates.
     """
-    return device.type == "cpu" or scaled or step_seeded_dropout or native is None
+    return device.type == "cpu" or scaled or native is None

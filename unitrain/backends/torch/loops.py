@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from unitrain import ConfigError
-from unitrain.backends.protocol import Batch
+from unitrain.backends.protocol import Batch, UpdateNumbers
 
 __all__ = ["UpdateLoops"]
 
@@ -33,24 +33,33 @@ class UpdateLoops:
     if TYPE_CHECKING:  # the backend's own, used here
 
         def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
-        def forward(self, batch: Batch) -> torch.Tensor: ...
-        def _forward_tensors(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+
+        _numbers: UpdateNumbers
+
+        def forward(
+            self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
+        ) -> torch.Tensor: ...
+        def _forward_tensors(
+            self, x: torch.Tensor, y: torch.Tensor, key: tuple[int, int]
+        ) -> torch.Tensor: ...
         def backward(self, scale: float = 1.0) -> None: ...
         def step(self, lr: float) -> None: ...
 
-    def train_step(self, batch: Batch, lr: float) -> torch.Tensor:
-        """``forward(batch); backward(); step(lr)``; returns the loss (no host sync)."""
-        loss = self.forward(batch)
+    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> torch.Tensor:
+        """``forward(batch, step=step, micro_batch=0); backward(); step(lr)``; returns the
+        loss (no host sync)."""
+        loss = self.forward(batch, step=step, micro_batch=0)
         self.backward()
         self.step(lr)
         return loss
 
-    def train_steps(self, batches: Batch, lrs: Any) -> torch.Tensor:
+    def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> torch.Tensor:
         """``k`` updates, equal to ``k`` :meth:`train_step` calls.
 
         Args:
             batches: ``(xs, ys)`` stacked along a new leading axis of length ``k``.
             lrs: the ``k`` learning rates, one per update.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` losses as one device tensor (see :func:`_losses`).
@@ -59,18 +68,24 @@ class UpdateLoops:
         k = len(xs)
         x, y = self._tensors((_merged(xs), _merged(ys)))  # one conversion for all k batches
         x, y = x.unflatten(0, (k, -1)), y.unflatten(0, (k, -1))
-        return _losses([self._update_on(x[i], y[i], float(lr)) for i, lr in enumerate(lrs)])
+        first = self._numbers.at(step)
+        return _losses(
+            [self._update_on(x[i], y[i], float(lr), first + i) for i, lr in enumerate(lrs)]
+        )
 
     def set_device_data(self, inputs: Any, targets: Any) -> None:
         """Put a whole training set on the device once, for :meth:`train_steps_on_device`."""
         self._device_data = self._tensors((inputs, targets))
 
-    def train_steps_on_device(self, indices: Any, lrs: Any) -> torch.Tensor:
+    def train_steps_on_device(
+        self, indices: Any, lrs: Any, *, step: int | None = None
+    ) -> torch.Tensor:
         """``k`` updates on batches gathered on the device from :meth:`set_device_data`'s set.
 
         Args:
             indices: integer array ``(k, batch_size)``; row ``i`` lists update ``i``'s examples.
             lrs: the ``k`` learning rates.
+            step: the first update's number (dropout keys); None counts on from the last.
 
         Returns:
             The ``k`` losses as one device tensor (see :func:`_losses`); equal to
@@ -88,16 +103,18 @@ class UpdateLoops:
             )
         x, y = self._device_data
         on_device = torch.from_numpy(rows.astype(np.int64)).to(x.device, non_blocking=True)
+        first, rows_and_lrs = self._numbers.at(step), zip(on_device, lrs, strict=True)
         return _losses(
             [
-                self._update_on(x.index_select(0, row), y.index_select(0, row), float(lr))
-                for row, lr in zip(on_device, lrs, strict=True)
+                self._update_on(x.index_select(0, r), y.index_select(0, r), float(lr), first + i)
+                for i, (r, lr) in enumerate(rows_and_lrs)
             ]
         )
 
-    def _update_on(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
-        """One update on tensors already converted and checked (once for the whole call)."""
-        loss = self._forward_tensors(x, y)
+    def _update_on(self, x: torch.Tensor, y: torch.Tensor, lr: float, step: int) -> torch.Tensor:
+        """Update ``step`` on tensors already converted and checked (once for the whole
+        call)."""
+        loss = self._forward_tensors(x, y, self._numbers.forward(step, 0))
         self.backward()
         self.step(lr)
         return loss

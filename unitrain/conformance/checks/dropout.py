@@ -14,6 +14,11 @@ the float64 reference's activation at the same weights, read the same way with d
 The mask's randomness is judged by exact outcomes: two independent masks of 32 units with
 ``p = 1/4`` coincide with probability ``0.625**32 < 1e-6``, and the drop rate over 256 draws
 is held to a band 4.6 standard deviations wide.
+
+Masks are keyed by ``(seed, step, micro_batch)``: the numbers the caller passes, else the
+backend's own count (from the loaded optimizer step). ``keyed_by_the_callers_numbers`` checks
+that the numbers passed win, which is what keeps a resumed run's masks and needs no counter
+in the backend.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import optim
+from unitrain.backends.numbering import NumberedCalls
 from unitrain.conformance._context import Context
 from unitrain.conformance._probes import upcast
 from unitrain.conformance._registry import check
@@ -71,10 +77,8 @@ class _Probe:
 
     def hidden(self, step: int, micro_batches: int = 1) -> np.ndarray:
         """The dropped hidden layer (summed over micro-batches, each weighted equally) of
-        one update made at update counter ``step``."""
-        state = dict(self.start)
-        state["optimizer.step"] = np.asarray(step, np.int64)
-        self.backend.load_state_dict(state)
+        one update made at update counter ``step`` (the backend's own count)."""
+        self._load(step)
         if micro_batches == 1:
             return self._read(self.backend, lambda: self.ctx.update(self.backend, self.batch, 1.0))
 
@@ -85,6 +89,23 @@ class _Probe:
             self.backend.step(1.0)
 
         return self._read(self.backend, accumulate)
+
+    def numbered(self, calls: NumberedCalls, step: int, micro_batch: int) -> np.ndarray:
+        """The dropped hidden layer of one forward given ``step`` and ``micro_batch``, the
+        backend's own count pointing elsewhere (the optimizer step loaded is ``step + 7``)."""
+        self._load(step + 7)
+
+        def update() -> None:
+            calls.forward(self.batch, step=step, micro_batch=micro_batch)
+            self.backend.backward(1.0)
+            self.backend.step(1.0)
+
+        return self._read(self.backend, update)
+
+    def _load(self, step: int) -> None:
+        state = dict(self.start)
+        state["optimizer.step"] = np.asarray(step, np.int64)
+        self.backend.load_state_dict(state)
 
     def levels(self, hidden: np.ndarray, what: str, allowed: tuple[float, ...]) -> np.ndarray:
         """Each unit's value as a fraction of ``a / (1 - p)``, snapped to ``allowed``; fails
@@ -156,3 +177,43 @@ def new_mask_each_micro_batch(ctx: Context) -> None:
             f"the 2 micro-batches of update {step} dropped exactly the same hidden units: each "
             "micro-batch of an accumulated update must draw its own dropout mask",
         )
+
+
+@check(
+    "dropout",
+    "keyed_by_the_callers_numbers",
+    guards="dropout keyed by the backend's own counter instead of the step and micro_batch "
+    "its caller passes (a resumed run, or one after a skipped update, then draws other masks)",
+)
+def keyed_by_the_callers_numbers(ctx: Context) -> None:
+    """A forward draws the mask of the step and micro-batch it is given, not its own count's.
+
+    The backend's own count is put elsewhere (the optimizer step loaded is ``step + 7``), so
+    only a backend that keys by the numbers passed draws the masks of update ``step``."""
+    probe = _Probe(ctx)
+    calls = NumberedCalls(probe.backend)
+    if calls.old_form:
+        ctx.skip(
+            "forward() takes no step and micro_batch (the old form, driven without them until "
+            "unitrain 0.4): the backend keys dropout by its own count"
+        )
+    for step in (2, 5):
+        own = probe.hidden(step) != 0.0
+        passed = probe.numbered(calls, step, 0) != 0.0
+        ctx.require(
+            bool(np.array_equal(own, passed)),
+            f"forward(step={step}, micro_batch=0) with the optimizer step at {step + 7} dropped "
+            f"other units than update {step} counted by the backend: key dropout by the step "
+            "the caller passes",
+        )
+    together = probe.levels(
+        probe.hidden(3, micro_batches=2),
+        "hidden units summed over 2 micro-batches of update 3",
+        (0.0, 0.5, 1.0),
+    )
+    first, second = (probe.numbered(calls, 3, m) != 0.0 for m in (0, 1))
+    ctx.require(
+        bool(np.array_equal(together, (first + second.astype(float)) / 2)),
+        "forwards given micro_batch=0 and micro_batch=1 of update 3 did not draw the masks of "
+        "that update's two micro-batches: key dropout by the micro_batch the caller passes",
+    )

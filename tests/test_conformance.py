@@ -212,6 +212,21 @@ def test_a_backend_class_reaches_the_workers_as_the_same_backend_its_import_name
     assert [r.status for r in by_class] == ["passed"], by_class[0].reason
 
 
+def test_the_cli_gives_a_registered_name_and_its_import_path_the_same_verdict(capsys):
+    pytest.importorskip("unitrain.backends.torch")
+    from unitrain.cli import main
+
+    def verdict(backend: str) -> list[str]:
+        args = ["conformance", "--backend", backend, "--dtype", "float32", "-k", "keyed_by"]
+        code = main(args)
+        lines = capsys.readouterr().out.splitlines()
+        return [str(code), *(line for line in lines if line.startswith(("dropout ", "verdict")))]
+
+    by_name = verdict("torch")
+    assert by_name[0] == "0" and by_name[-1] == "verdict: conforms", by_name
+    assert verdict("unitrain.backends.torch:TorchBackend") == by_name
+
+
 def test_a_backend_defined_in_main_is_told_what_to_pass_instead_of_unknown_backend():
     TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend
     script_class = type("ScriptBackend", (TorchBackend,), {"__module__": "__main__"})

@@ -358,6 +358,11 @@ class Trainer(FitLoop):
         self.strategy.barrier()
         return saved
 
+    def wait_for_checkpoints(self) -> None:
+        """Return once every checkpoint save started in the background is durable (a
+        callback that ships the newest checkpoint somewhere waits for it this way)."""
+        self._writer.wait()
+
     def run_state(self) -> RunState:
         """Where the run stands besides its tensors: what a checkpoint records of the Trainer.
 

@@ -131,9 +131,10 @@ def test_mlflow_holds_the_params_the_metric_history_and_a_resume_appends(tmp_pat
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(_Stop):
-        tracker = callbacks.MLflowLogger("t", tracking_uri=uri, run_name="digits")
+        where = str(tmp_path / "artifacts")
+        tracker = callbacks.MLflowLogger("t", uri, "digits", artifact_location=where)
         _trainer(tracker, tmp_path, extra=(_StopAt(6),)).fit(_data(), _data(32))
-    again = callbacks.MLflowLogger("t", tracking_uri=uri, run_name="digits", log_checkpoints=True)
+    again = callbacks.MLflowLogger("t", uri, "digits", log_checkpoints=True)
     trainer = _trainer(again, tmp_path)
     trainer.fit(_data(), _data(32), resume="latest")
     client = MlflowClient(uri)
@@ -149,6 +150,7 @@ def test_mlflow_holds_the_params_the_metric_history_and_a_resume_appends(tmp_pat
     assert sorted({m.step for m in losses}) == list(range(2, 13, 2))
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
     assert artifacts == ["checkpoints/epoch=0003-step=000012"]
+    assert list((tmp_path / "artifacts").glob("*/artifacts/checkpoints/epoch=0003-*"))
 
 
 @needs_mlflow

@@ -38,6 +38,9 @@ class MLflowLogger(TrackerLogger):
         tags: extra tags for the run.
         log_checkpoints: when training ends, copy the newest checkpoint of the Trainer's
             ``checkpoint_dir`` into the run's artifacts (``checkpoints/<name>``).
+        artifact_location: where a new experiment keeps its runs' artifacts; None is
+            MLflow's default (with a local SQLite store, ``./mlruns`` in the working
+            directory).
 
     Raises:
         MissingFrameworkError: mlflow is not installed (``pip install 'unitrain[mlflow]'``).
@@ -50,11 +53,10 @@ class MLflowLogger(TrackerLogger):
         run_name: str | None = None,
         tags: Mapping[str, str] | None = None,
         log_checkpoints: bool = False,
+        artifact_location: str | None = None,
     ) -> None:
         if importlib.util.find_spec("mlflow") is None:  # found now, imported when used
-            raise MissingFrameworkError(
-                "MLflowLogger needs mlflow: pip install 'unitrain[mlflow]'"
-            )
+            raise MissingFrameworkError("MLflowLogger needs mlflow: pip install 'unitrain[mlflow]'")
         if not experiment:
             raise ConfigError("MLflowLogger: experiment must be a non-empty name")
         self.experiment = experiment
@@ -62,6 +64,7 @@ class MLflowLogger(TrackerLogger):
         self.run_name = run_name
         self.tags = dict(tags or {})
         self.log_checkpoints = log_checkpoints
+        self.artifact_location = artifact_location
         self.run_id: str | None = None
         self._client: Any = None
         self._checkpoint_dir: str | None = None
@@ -84,7 +87,7 @@ class MLflowLogger(TrackerLogger):
             experiment_id = (
                 experiment.experiment_id
                 if experiment is not None
-                else self.client.create_experiment(self.experiment)
+                else self.client.create_experiment(self.experiment, self.artifact_location)
             )
             run = self.client.create_run(experiment_id, tags=self.tags, run_name=self.run_name)
             self.run_id = run.info.run_id

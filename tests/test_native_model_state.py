@@ -172,6 +172,7 @@ def run_script(framework, out, kill_step, resume):
     )
 
 
+@pytest.mark.harness  # a run, then a killed and a resumed subprocess: 19-33 s per framework
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_running_statistics_are_checkpointed_and_resume_after_sigkill_is_bit_exact(
     framework, tmp_path

@@ -276,6 +276,7 @@ def run_script(backend, out, kill_step, resume):
     )
 
 
+@pytest.mark.harness  # a killed and a resumed training subprocess: 7-18 s per backend, alone
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigkill_at_a_random_step_then_resume_is_bit_exact(backend, tmp_path, uninterrupted):
     kill_step = int(np.random.default_rng().integers(1, 12 * 4))

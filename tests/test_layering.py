@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _backends import FRAMEWORKS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "unitrain"
-#: The built-in adapters, each in ``unitrain/backends/<name>/``.
-ADAPTERS = ("numpy", "torch", "jax", "tensorflow")
+#: The built-in adapters, each in ``unitrain/backends/<name>/`` (read from the text, so every
+#: adapter is checked whether or not its framework is installed).
+ADAPTERS = tuple(FRAMEWORKS)
 #: Core modules that are internal although their names carry no underscore.
 INTERNAL = {"unitrain.backends.state"}
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and 
     from unitrain.backends.registry import get_backend, list_backends
     from unitrain.data import ArrayLoader
     from unitrain.export import export_weights
+    from unitrain.onnx_export import export_onnx
     from unitrain.recipes import Recipe, load_recipe
     from unitrain.training.config import TrainerConfig
     from unitrain.training.trainer import RunState, Trainer, TrainState
@@ -40,6 +41,7 @@ _LAZY = {
     "Recipe": "unitrain.recipes",
     "load_recipe": "unitrain.recipes",
     "export_weights": "unitrain.export",
+    "export_onnx": "unitrain.onnx_export",
     "models": "unitrain.models",
     "optim": "unitrain.optim",
     "schedules": "unitrain.schedules",
@@ -91,6 +93,7 @@ __all__ = [
     "UnitrainError",
     "__version__",
     "callbacks",
+    "export_onnx",
     "export_weights",
     "get_backend",
     "list_backends",

@@ -25,7 +25,7 @@ import numpy as np
 from unitrain._errors import CheckpointError, ConfigError
 from unitrain.models import MLP, model_from_dict
 
-__all__ = ["export_weights"]
+__all__ = ["export_weights", "portable_weights"]
 
 
 def _mlp_torch(model: MLP, weights: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -87,6 +87,23 @@ def _read_checkpoint(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
     return model, dict(checkpoint.model)
 
 
+def portable_weights(source: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """The portable model of a Trainer or a checkpoint path and its tensors by canonical name.
+
+    Raises:
+        ConfigError: the checkpoint's model is not portable.
+        CheckpointError: the checkpoint is damaged or its tensors are not exactly its model's.
+    """
+    if isinstance(source, (str, Path)):
+        return _read_checkpoint(Path(source))
+    weights = {
+        name.removeprefix("model."): value
+        for name, value in source.backend.state_dict().items()
+        if name.startswith("model.")
+    }
+    return source.model, weights
+
+
 def export_weights(source: Any, framework: str) -> Any:
     """The model weights of a Trainer or a checkpoint in ``framework``'s layout.
 
@@ -100,15 +117,7 @@ def export_weights(source: Any, framework: str) -> Any:
         CheckpointError: the checkpoint is damaged, or its tensors are not exactly its model's
             (names, shapes, dtype, finite values), as a resume would refuse them.
     """
-    if isinstance(source, (str, Path)):
-        model, weights = _read_checkpoint(Path(source))
-    else:
-        model = source.model
-        weights = {
-            name.removeprefix("model."): value
-            for name, value in source.backend.state_dict().items()
-            if name.startswith("model.")
-        }
+    model, weights = portable_weights(source)
     exporters = _EXPORTERS.get(type(model))
     if exporters is None:
         raise ConfigError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unitrain._errors import CheckpointError, UnitrainError
+from unitrain.cli._export import add_export_command
 from unitrain.cli._help import plain_text
 from unitrain.cli._launch import launched_worker
 from unitrain.cli._predict import add_predict_command
@@ -285,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print a checkpoint, or list a folder's")
     inspect.add_argument("path")
     inspect.set_defaults(handler=_inspect)
+    add_export_command(commands)
     add_predict_command(commands)
     conformance = commands.add_parser("conformance", help="certify a backend with the kit")
     from unitrain.conformance.cli import add_arguments  # argparse only; imports no framework

@@ -101,8 +101,10 @@ class BackendOptions:
     """Everything a backend is built from, besides the model.
 
     Attributes:
-        loss: ``"cross_entropy"`` (integer class targets, softmax over logits) or ``"mse"``; a
-            backend may also accept a native callable ``loss(outputs, targets)``.
+        loss: a :mod:`unitrain.losses` loss (``CrossEntropy(label_smoothing=0.1)``, a user's
+            own), or its type name (``"cross_entropy"``, ``"mse"``, ...); every backend
+            computes it with the loss's code in ops (or a native form the kit holds to it).
+            A backend may also accept a native callable ``loss(outputs, targets)``.
         optimizer: the optimizer description; its update rule is written once in ops
             (:meth:`unitrain.optim.AbstractOptimizer.update`), a backend's faster native form
             held to it.

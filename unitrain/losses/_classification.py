@@ -122,15 +122,18 @@ class CrossEntropy(AbstractLoss, type_name="cross_entropy"):
             targets = np.where(targets == self.ignore_index, 0, targets)
         check_targets(targets, outputs, "cross_entropy", name)
 
-    def _classes(self, outputs: Array) -> int:
-        """The number of classes, checked against the class weights."""
-        classes = int(ops.shape(outputs)[-1])
+    def check_classes(self, classes: int) -> int:
+        """``classes``, the size of the outputs' last axis; a ConfigError unless the class
+        weights have one entry per class."""
         if self.class_weights is not None and len(self.class_weights) != classes:
             raise ConfigError(
                 f"CrossEntropy: class_weights has {len(self.class_weights)} entries, but the "
                 f"outputs have {classes} classes; give one weight per class"
             )
         return classes
+
+    def _classes(self, outputs: Array) -> int:
+        return self.check_classes(int(ops.shape(outputs)[-1]))
 
     def _labels(self, outputs: Array, targets: Array, classes: int) -> tuple[Array, Any, Any]:
         """``(labels safe to index with, positions kept, labels out of range)``: one label

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from unitrain import ConfigError
+from unitrain import ConfigError, optim
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
@@ -88,6 +88,7 @@ from unitrain.backends.protocol import (
     check_state,
 )
 from unitrain.backends.strategy import dropout_index
+from unitrain.losses import resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
@@ -125,7 +126,7 @@ class JaxBackend:
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
         join_launched_workers()  # before JAX computes anything, or it cannot join
-        self.options = options = options or BackendOptions()
+        self.options = options = optim.bind_options(options or BackendOptions(), model)
         if options.dtype != "float32":
             raise ConfigError(
                 f"the jax backend trains in float32 only (x64 stays off), got {options.dtype!r}"
@@ -150,10 +151,11 @@ class JaxBackend:
             )
         else:
             program, params, model_state = as_native_model(model)
-        _, self.classification = loss_function(options.loss)
+        loss = resolve_loss(options.loss)  # "mse" and MSE() share their compiled code
+        _, self.classification = loss_function(loss)
         self._fn = functions(
             program,
-            options.loss,
+            loss,
             options.optimizer,
             precision=options.matmul_precision,
             clipping=options.grad_clip_norm is not None,

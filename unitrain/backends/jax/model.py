@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
-from unitrain import ConfigError
+from unitrain import ConfigError, losses, ops
+from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.layers import layers_apply
 from unitrain.models import MLP
 
@@ -158,33 +158,25 @@ def dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array
     return jax.random.fold_in(jax.random.fold_in(key, step), micro_batch)
 
 
-def _cross_entropy(outputs: jax.Array, targets: jax.Array) -> jax.Array:
-    log_probs = jax.nn.log_softmax(outputs, axis=-1)
-    classes = log_probs.shape[-1]
-    # A label outside [0, classes) makes the loss NaN, which the non-finite guard skips and
-    # the Trainer's policy reports: a check on the host would wait for the device every step,
-    # and indexing alone would read -1 as the last class (and a label past the end as NaN
-    # with finite gradients).
-    valid = (targets >= 0) & (targets < classes)
-    picked = jnp.take_along_axis(log_probs, jnp.where(valid, targets, 0)[..., None], axis=-1)
-    # Every position of (N, L, V) sequence logits counts, as every row of (N, V) does.
-    return -jnp.mean(jnp.where(valid, picked[..., 0], jnp.nan))
-
-
-def _mse(outputs: jax.Array, targets: jax.Array) -> jax.Array:
-    diff = outputs - targets.reshape(outputs.shape)
-    return jnp.mean(diff * diff)
-
-
 def loss_function(loss: Any) -> tuple[Callable[[jax.Array, jax.Array], jax.Array], bool]:
-    """``(loss_fn(outputs, targets) -> scalar, is_classification)`` for a name or a callable."""
-    if loss == "cross_entropy":
-        return _cross_entropy, True
-    if loss == "mse":
-        return _mse, False
-    if callable(loss):
-        return loss, False
-    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
+    """``(loss_fn(outputs, targets) -> scalar, takes class labels)`` for a
+    :mod:`unitrain.losses` loss, its type name, or a native callable.
+
+    A loss runs its own code in ops, traced by these ops into the jitted functions. A label
+    outside ``[0, classes)`` makes cross-entropy NaN, which the non-finite guard skips and the
+    Trainer's policy reports: a check on the host would wait for the device every step.
+    """
+    loss = losses.resolve_loss(loss)
+    if not isinstance(loss, losses.AbstractLoss):
+        return loss, False  # a native callable
+    written = loss
+
+    def generic(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+        with ops.using(jax_ops):  # while tracing: the compiled code holds jax's ops alone
+            result: jax.Array = written(outputs, targets)
+        return result
+
+    return generic, loss.takes_labels
 
 
 def _key_name(entry: Any) -> str:

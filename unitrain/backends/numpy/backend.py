@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from unitrain import ConfigError, ops, optim
+from unitrain import ConfigError, losses, ops, optim
 from unitrain.backends.numpy import _tape
 from unitrain.backends.numpy import ops as numpy_ops
 from unitrain.backends.numpy.ops import Tracked, value_of
@@ -48,7 +48,6 @@ from unitrain.backends.protocol import (
     check_state,
     split_state,
 )
-from unitrain.data import check_targets
 from unitrain.models import AbstractLayer, Draw, InputCheck, Pass, apply
 
 __all__ = ["NumpyBackend"]
@@ -78,7 +77,7 @@ class NumpyBackend:
                 "the numpy backend trains unitrain.models architectures only, "
                 f"got {type(model).__name__}"
             )
-        self.options = options = options or BackendOptions()
+        self.options = options = optim.bind_options(options or BackendOptions(), model)
         if options.device not in ("cpu", "auto"):
             raise ConfigError(
                 f"the numpy backend runs on 'cpu' only, got device={options.device!r}"
@@ -88,8 +87,13 @@ class NumpyBackend:
                 f"the numpy backend trains in {self.capabilities.dtypes}, "
                 f"got dtype={options.dtype!r}"
             )
-        if options.loss not in ("cross_entropy", "mse"):
-            raise ConfigError(f"unknown loss {options.loss!r}; choose 'cross_entropy' or 'mse'")
+        #: The loss, written in ops (:mod:`unitrain.losses`): these ops run it in float64.
+        self.loss = losses.resolve_loss(options.loss)
+        if not isinstance(self.loss, losses.AbstractLoss):
+            raise ConfigError(
+                "the numpy backend computes losses written in unitrain.ops (a unitrain.losses "
+                f"loss or its type name), got the native callable {self.loss!r}"
+            )
         require_precision(self.name, self.capabilities.precisions["cpu"], options.precision, "cpu")
         if options.precision != "32" and options.dtype != "float32":
             raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
@@ -105,8 +109,9 @@ class NumpyBackend:
         self.opt_state = optim.init_state(options.optimizer, self.params)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self._input_check = InputCheck(model)
-        #: The last train forward's output and its tracked parameters by name, for backward.
+        #: The last train forward's loss and its tracked parameters by name, for backward.
         self._graph: tuple[Any, dict[str, Tracked]] | None = None
+        self._tracked: dict[str, Tracked] = {}
         self._numbers = UpdateNumbers()  # the dropout key's (step, micro_batch)
         self._skipped = 0
         #: Whether every loss since the last step was finite (a step with one that is not is
@@ -125,9 +130,10 @@ class NumpyBackend:
 
     # -- computation ---------------------------------------------------------------------
 
-    def _run(self, x: Any, train: bool, key: tuple[int, int] = (0, 0)) -> np.ndarray:
-        """The model's outputs for ``x``; a train pass keeps its graph for :meth:`backward`
-        and moves the model state, its dropout keyed by ``key``: ``(step, micro_batch)``.
+    def _run(self, x: Any, train: bool, key: tuple[int, int] = (0, 0)) -> Any:
+        """The model's outputs for ``x``; a train pass returns them tracked, keeps its
+        parameters for :meth:`backward` and moves the model state, its dropout keyed by
+        ``key``: ``(step, micro_batch)``.
 
         Under mixed precision the pass reads the parameters and the input rounded to the
         compute dtype (the float32 master copies stay untouched) and rounds every layer's
@@ -150,9 +156,10 @@ class NumpyBackend:
         out, state = self._apply(x, run)
         if after is not None:
             out = after(out)
-        if train:
-            self.model_state, self._graph = state, (out, params)
-        return value_of(out)
+        if not train:
+            return value_of(out)
+        self.model_state, self._tracked = state, params
+        return out
 
     def _apply(self, x: Any, run: Pass) -> tuple[Any, dict[str, Any]]:
         """The core's forward of the model under the reference's ops: ``(outputs, state)``.
@@ -183,27 +190,19 @@ class NumpyBackend:
 
         return draw
 
-    def _loss(self, out: np.ndarray, y: np.ndarray) -> tuple[Any, np.ndarray]:
-        """Return the mean loss and its gradient with respect to ``out``.
+    def _loss(self, out: Any, y: Any) -> Any:
+        """The batch's loss of ``out`` (tracked in a train pass, so backward differentiates
+        it), computed by the loss's own code under these ops.
 
-        Cross-entropy reads the last axis as classes and averages over every other position
-        (every token of a sequence model's ``(N, L, V)`` logits). Every batch's targets are
-        checked first (a DataError): the Trainer checks a native loader's first batch only,
-        and indexing would read label ``-1`` as the last class.
+        Every batch's targets are checked first (a DataError): the Trainer checks a native
+        loader's first batch only, and indexing would read label ``-1`` as the last class.
         """
-        check_targets(np.asarray(y), out.shape[1:], self.options.loss, name="a batch")
-        if self.options.loss == "mse":
-            diff = out - np.asarray(y, self.dtype).reshape(out.shape)
-            return np.mean(diff * diff), 2 * diff / self.dtype.type(diff.size)
-        logits = out.reshape(-1, out.shape[-1])
-        n = len(logits)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        labels = np.asarray(y).astype(np.int64).reshape(-1)
-        loss = -np.mean(log_probs[np.arange(n), labels])
-        grad = np.exp(log_probs)
-        grad[np.arange(n), labels] -= 1
-        return loss, (grad / self.dtype.type(n)).reshape(out.shape)
+        targets = np.asarray(y)
+        self.loss.check_targets(targets, value_of(out).shape[1:], "a batch")
+        if targets.dtype.kind == "f":
+            targets = targets.astype(self.dtype)
+        with ops.using(self.ops):
+            return self.loss(out, targets)
 
     # NaN and Inf are the Trainer's to handle (step skips the update, the policy decides), so
     # numpy's floating-point warnings about them are silenced: they would only be noise, or
@@ -216,10 +215,11 @@ class NumpyBackend:
         x, y = batch
         key = self._numbers.forward(step, micro_batch)
         with np.errstate(all="ignore"):
-            out = self._run(x, train=True, key=key)
-            loss, self._grad_out = self._loss(out, y)
-        self._losses_finite &= bool(np.isfinite(loss))
-        return loss
+            loss = self._loss(self._run(x, train=True, key=key), y)
+        self._graph = (loss, self._tracked)  # backward starts from the loss
+        value = value_of(loss)[()]
+        self._losses_finite &= bool(np.isfinite(value))
+        return value
 
     def backward(self, scale: float = 1.0) -> None:
         """Backpropagate the last loss and add ``scale`` times its gradients to the buffers."""
@@ -231,8 +231,8 @@ class NumpyBackend:
             raise ConfigError("backward() needs a forward() in train mode first")
         if self.scaler is not None:
             scale = scale * float(self.scaler[0])  # a power of two: exact
-        out, tracked = self._graph
-        grads = _tape.backpropagate([out], [self._grad_out * self.dtype.type(scale)])
+        loss, tracked = self._graph
+        grads = _tape.backpropagate([loss], [np.asarray(scale, self.dtype)])
         low = self._rounding
         for name, leaf in tracked.items():
             grad = grads.get(id(leaf))
@@ -274,9 +274,9 @@ class NumpyBackend:
         x, y = batch
         with np.errstate(all="ignore"):
             out = self._run(x, train=False)
-            loss, _ = self._loss(out, y)
+            loss = value_of(self._loss(out, y))[()]
         metrics = {"loss": loss}
-        if self.options.loss == "cross_entropy":
+        if self.loss.takes_labels:
             labels = np.asarray(y).reshape(out.shape[:-1])
             metrics["accuracy"] = np.mean(out.argmax(axis=-1) == labels)
         return metrics

@@ -81,6 +81,7 @@ from unitrain.backends.tensorflow.precision import (
     set_matmul_precision,
 )
 from unitrain.backends.tensorflow.prefetch import prefetch
+from unitrain.losses import AbstractLoss, resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
 
 __all__ = ["TensorFlowBackend"]
@@ -160,7 +161,7 @@ class TensorFlowBackend(CompiledGraphs):
                     f"trainable variables must be {options.dtype} (BackendOptions.dtype), "
                     f"got {wrong}"
                 )
-            optimizers.rule_for(options.optimizer)  # refuse, now, one that cannot run
+            self.options = options = optimizers.bind(options, model, self.params)
             self.slots = {
                 slot: [zeros_variable(p) for p in self.params.values()]
                 for slot in options.optimizer.state_slots
@@ -173,6 +174,7 @@ class TensorFlowBackend(CompiledGraphs):
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = tf_model.loss_function(options.loss)
+        self._loss_reads_targets = isinstance(resolve_loss(options.loss), AbstractLoss)
         # Every train pass of a portable model gets a dropout key, so a layer of the user's
         # that drops values has its stream too (two stateless ops; unused where nothing draws).
         self._dropout = isinstance(model, AbstractLayer)

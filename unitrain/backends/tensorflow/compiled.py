@@ -39,6 +39,8 @@ class CompiledGraphs:
     loss_scale: LossScale
     loss_fn: Callable[[Any, Any], tf.Tensor]
     classification: bool
+    #: Whether the loss is a unitrain.losses loss (which reshapes targets itself).
+    _loss_reads_targets: bool
     dtype: tf.DType
     device_name: str
     trace_counts: collections.Counter[str]
@@ -69,20 +71,23 @@ class CompiledGraphs:
     def _model_loss(
         self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any, global_size: Any = None
     ) -> Any:
-        """Outputs and loss: the batch mean, or with ``global_size`` (a replica of a
-        MirroredStrategy) this slice's share of the global batch's mean, as TF prescribes."""
+        """Outputs and loss: the batch's loss, or with ``global_size`` (a replica of a
+        MirroredStrategy) this slice's loss weighted by its share of the global batch."""
         x = self._compute_input(x)
         if isinstance(self.module, TFPortable):
             out = self.module(x, training=training, key=key)
             out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
         else:
             out = self.module(x, training=training)
-        target = y if self.classification else tf.reshape(y, tf.shape(out))
-        if global_size is None:
-            loss = self.loss_fn(out, target)
-        else:  # replicas' gradients are summed: a per-replica mean would count N times
-            per_example = tf_model.per_example_loss(self.options.loss, out, target)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_size)
+        # A unitrain.losses loss reads the targets as they come; a native callable gets them
+        # in the outputs' shape, as it always has.
+        target = y if self._loss_reads_targets else tf.reshape(y, tf.shape(out))
+        loss = self.loss_fn(out, target)
+        if global_size is not None:
+            # Replicas' gradients are summed, so each slice's loss is weighted by its share of
+            # the global batch, as every strategy weights a worker's slice.
+            share = tf.cast(tf.shape(out)[0], loss.dtype) / tf.cast(global_size, loss.dtype)
+            loss = loss * share
         if self._keras_losses and self.module.losses:
             penalty = tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
             if global_size is not None:

@@ -16,11 +16,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF's C++ logging st
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain import ConfigError
+from unitrain import ConfigError, losses, ops
+from unitrain.backends.tensorflow import ops as tf_ops
 from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.models import MLP
 
-__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables", "per_example_loss"]
+__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables"]
 
 #: Philox on every device, so a mask does not depend on where it was drawn.
 _RNG_ALGORITHM = "philox"
@@ -97,44 +98,29 @@ def named_variables(model: Any) -> dict[str, Any]:
 
 
 def loss_function(loss: Any) -> tuple[Callable[[Any, Any], tf.Tensor], bool]:
-    """Return ``(loss(outputs, targets) -> mean loss, is_classification)``."""
-    if loss == "cross_entropy":
-        return _cross_entropy, True
-    if loss == "mse":
-        return _mean_squared_error, False
-    if callable(loss):
-        return loss, False
-    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
+    """Return ``(loss(outputs, targets) -> batch loss, takes class labels)`` for a
+    :mod:`unitrain.losses` loss, its type name, or a native callable.
 
-
-def per_example_loss(loss: Any, outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
-    """One loss per example (a vector over the batch), for ``tf.nn.compute_average_loss``.
-
-    A callable loss returns only its batch mean, so each example is given that mean: the
-    vector sums to the same total, which is all ``compute_average_loss`` uses.
+    A loss runs its own code in ops, traced by these ops into the ``tf.function`` s, except
+    plain :class:`~unitrain.losses.CrossEntropy`, which keeps TensorFlow's fused kernel
+    (held to the loss's code by the kit).
     """
-    if loss == "cross_entropy":
-        return _cross_entropies(outputs, targets)
-    if loss == "mse":
-        return _squared_errors(outputs, targets)
-    return tf.fill(tf.shape(outputs)[:1], loss(outputs, targets))
+    loss = losses.resolve_loss(loss)
+    if not isinstance(loss, losses.AbstractLoss):
+        return loss, False  # a native callable
+    if loss == losses.CrossEntropy():
+        return _cross_entropy, True
+    written = loss
 
+    def generic(outputs: Any, targets: Any) -> tf.Tensor:
+        with ops.using(tf_ops):  # while tracing: the graph holds TensorFlow's ops alone
+            result: tf.Tensor = written(outputs, targets)
+        return result
 
-def _cross_entropies(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return generic, loss.takes_labels
 
 
 def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_mean(_cross_entropies(logits, labels))
-
-
-def _squared_errors(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
-    diff = outputs - tf.reshape(tf.cast(targets, outputs.dtype), tf.shape(outputs))
-    squares = diff * diff
-    rank = squares.shape.rank
-    return squares if rank == 1 else tf.reduce_mean(squares, axis=list(range(1, rank)))
-
-
-def _mean_squared_error(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
-    diff = outputs - tf.reshape(tf.cast(targets, outputs.dtype), tf.shape(outputs))
-    return tf.reduce_mean(diff * diff)
+    """The mean over every position of TensorFlow's fused softmax cross-entropy."""
+    per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(per_position)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import ConfigError, optim
+from unitrain import ConfigError, losses, optim
 from unitrain.backends.precision import require_precision
 from unitrain.backends.protocol import (
     BackendOptions,
@@ -79,7 +79,7 @@ class TorchBackend(UpdateLoops):
         return ("cpu", "gpu") if torch.cuda.is_available() else ("cpu",)
 
     def __init__(self, model: Any, options: BackendOptions | None = None) -> None:
-        self.options = options = options or BackendOptions()
+        self.options = options = optim.bind_options(options or BackendOptions(), model)
         self.torch_device = resolve_device(options.device)
         if options.dtype not in DTYPES:
             raise ConfigError(f"the torch backend trains in {tuple(DTYPES)}, got {options.dtype!r}")
@@ -110,6 +110,9 @@ class TorchBackend(UpdateLoops):
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
         self.loss_fn, self.classification = loss_function(options.loss)
+        #: Whether float targets go to the loss in the parameters' dtype (a native callable
+        #: gets them as they come).
+        self._float_targets = isinstance(losses.resolve_loss(options.loss), losses.AbstractLoss)
         self.optimizer = optimizer_for(options.optimizer, self.params)
         self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0  # updates applied: the optimizer's step
@@ -165,15 +168,14 @@ class TorchBackend(UpdateLoops):
         if self.classification:
             if y.dtype != torch.int64:
                 y = y.long()
-        elif self.options.loss == "mse":
+        elif self._float_targets and y.is_floating_point():
             y = y.to(self.dtype)
         return x, y
 
     def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.options.loss == "mse":  # targets may come as (n,) for one output
-            y = y.reshape(out.shape)
-        elif self.classification and out.ndim > 2:  # every position of (N, L, V) logits
-            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        """The loss of ``out``, in the parameters' dtype (float32 under mixed precision)."""
+        if out.dtype != self.dtype and out.is_floating_point():
+            out = out.to(self.dtype)
         return self.loss_fn(out, y)
 
     def forward(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
-from unitrain import ConfigError
+from unitrain import ConfigError, losses, ops
+from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.layers import PortableModule
 from unitrain.models import MLP
 
@@ -35,12 +38,64 @@ class TorchMLP(PortableModule):
         super().__init__(spec, seed)
 
 
-def loss_function(loss: Any) -> tuple[Any, bool]:
-    """The torch function of ``loss`` and whether it classifies (integer targets)."""
-    if loss == "cross_entropy":
-        return F.cross_entropy, True
-    if loss == "mse":
-        return F.mse_loss, False
-    if callable(loss):
-        return loss, False
-    raise ConfigError(f"unknown loss {loss!r}; choose 'cross_entropy', 'mse' or a callable")
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _cross_entropy(loss: losses.CrossEntropy) -> LossFunction:
+    """torch's fused ``cross_entropy``, whose definition :class:`~unitrain.losses.CrossEntropy`
+    follows (the kit holds it to the loss's code in ops)."""
+    weights = None if loss.class_weights is None else torch.tensor(loss.class_weights)
+    ignore = -100 if loss.ignore_index is None else loss.ignore_index
+
+    def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if weights is not None:  # the loss's own error for weights of the wrong length
+            loss.check_classes(out.shape[-1])
+        if out.ndim > 2:  # every position of (N, L, V) logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        weight = None if weights is None else weights.to(out.device, out.dtype)
+        return F.cross_entropy(
+            out, y, weight, ignore_index=ignore, label_smoothing=loss.label_smoothing
+        )
+
+    return cross_entropy
+
+
+def _mse(loss: losses.MSE) -> LossFunction:
+    """torch's ``mse_loss``; targets may come as ``(n,)`` for one output."""
+    return lambda out, y: F.mse_loss(out, y.to(out.dtype).reshape(out.shape))
+
+
+#: The losses torch computes natively, faster than their code in ops (one fused kernel).
+NATIVE_LOSSES: dict[type, Callable[[Any], LossFunction]] = {
+    losses.CrossEntropy: _cross_entropy,
+    losses.MSE: _mse,
+}
+
+
+def written_in_ops(loss: losses.AbstractLoss) -> LossFunction:
+    """``loss``'s own code in ops, run by torch's ops."""
+
+    def generic(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        token = ops.enter(torch_ops)
+        try:
+            result: torch.Tensor = loss(out, y)
+        finally:
+            ops.leave(token)
+        return result
+
+    return generic
+
+
+def loss_function(loss: Any, native: bool = True) -> tuple[LossFunction, bool]:
+    """The torch function of ``loss`` (a :mod:`unitrain.losses` loss, its type name, or a
+    native callable) and whether it takes class labels.
+
+    A loss with a native form in :data:`NATIVE_LOSSES` runs that form unless ``native`` is
+    False; any other runs its code in ops.
+    """
+    loss = losses.resolve_loss(loss)
+    if not isinstance(loss, losses.AbstractLoss):
+        return loss, False  # a native callable
+    native_form = NATIVE_LOSSES.get(type(loss)) if native else None
+    fn = native_form(loss) if native_form is not None else written_in_ops(loss)
+    return fn, loss.takes_labels

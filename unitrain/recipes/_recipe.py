@@ -36,6 +36,7 @@ from typing import Any
 from unitrain._errors import ConfigError
 from unitrain._fields import did_you_mean
 from unitrain.callbacks import callback_from_dict
+from unitrain.losses import resolve_loss
 from unitrain.metrics import metric_from_dict, resolve_metrics
 from unitrain.models import model_from_dict
 from unitrain.optim import SGD, Optimizer, optimizer_from_dict
@@ -71,7 +72,8 @@ class Recipe:
         callbacks: training callbacks (early stopping, checkpoints, ...); ``unitrain train``
             adds its own loggers beside them.
         config: a :class:`~unitrain.training.config.TrainerConfig`.
-        loss: ``"cross_entropy"`` or ``"mse"``.
+        loss: a :mod:`unitrain.losses` loss or its type name (``"cross_entropy"``, ``"mse"``);
+            a recipe file writes a loss with parameters as a ``[loss]`` table.
         metrics: metrics for ``Trainer(metrics=...)``.
         name: names the run's folder (``runs/<name>``).
     """
@@ -82,7 +84,7 @@ class Recipe:
     schedule: AbstractSchedule = dataclasses.field(default_factory=lambda: Constant(0.01))
     callbacks: list[Any] = dataclasses.field(default_factory=list)
     config: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
-    loss: str = "cross_entropy"
+    loss: Any = "cross_entropy"
     metrics: list[Any] = dataclasses.field(default_factory=list)
     name: str = "recipe"
 
@@ -232,6 +234,8 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
             callback or metric holding code); such recipes stay Python files.
     """
     parts = {"model": recipe.model, "data": recipe.data}
+    if not isinstance(recipe.loss, str):  # a name stays a name; a loss object is a table
+        parts["loss"] = recipe.loss
     for label, part in parts.items():
         if not hasattr(part, "to_dict"):
             raise ConfigError(
@@ -240,7 +244,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
             )
     return {
         "name": recipe.name,
-        "loss": recipe.loss,
+        "loss": recipe.loss if isinstance(recipe.loss, str) else recipe.loss.to_dict(),
         "metrics": [metric.to_dict() for metric in resolve_metrics(recipe.metrics)],
         "config": _config_dict(recipe.config),
         "model": recipe.model.to_dict(),
@@ -336,9 +340,11 @@ def _recipe_from_data(
         config = fields.get("config", TrainerConfig())
         table = schedule_in_updates(data["schedule"], fields["data"], config)
         fields["schedule"] = schedule_from_dict(table)
-    for plain in ("loss", "name"):
-        if plain in data:
-            fields[plain] = data[plain]
+    if "loss" in data:  # a type name stays one (checked); a table becomes its loss
+        loss = resolve_loss(data["loss"])
+        fields["loss"] = data["loss"] if isinstance(data["loss"], str) else loss
+    if "name" in data:
+        fields["name"] = data["name"]
     return Recipe(**fields)
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from unitrain import ops, optim
+from unitrain import losses, ops, optim
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.protocol import Capabilities
 from unitrain.backends.strategy import SimulatedWorkers
@@ -133,6 +133,16 @@ class MseMeanOverRows(NumpyBackend):
             outputs = np.asarray(batch[1]).reshape(len(batch[1]), -1).shape[1]
             metrics["loss"] = metrics["loss"] * outputs
         return metrics
+
+
+class LabelSmoothingIgnored(NumpyBackend):
+    """Computes cross-entropy without its label smoothing, as a native kernel called without
+    the option would."""
+
+    def __init__(self, model: Any, options: Any = None) -> None:
+        super().__init__(model, options)
+        if isinstance(self.loss, losses.CrossEntropy):
+            self.loss = dataclasses.replace(self.loss, label_smoothing=0.0)
 
 
 class EvaluateAdvancesDropout(NumpyBackend):

@@ -318,6 +318,11 @@ FAULTS = {
         LogsumexpNotShifted,
         "ops::logsumexp.large[cpu-float32]",
     ),
+    # losses
+    "cross-entropy ignores label smoothing": (
+        f.LabelSmoothingIgnored,
+        "losses::label_smoothing[cpu-float32]",
+    ),
     # schedules
     "LR applied one step late": (LrOneStepLate, "schedules::cosine_decay[cpu-float32]"),
     "float32 in-graph schedule": (Float32InGraphSchedule, "schedules::cosine_decay[cpu-float32]"),

@@ -37,6 +37,7 @@ FAMILIES = (
     "early_stopping",
     "callbacks",
     "eval_mode",
+    "losses",
     "dropout",
     "accumulation",
     "clipping",

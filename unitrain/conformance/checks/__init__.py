@@ -15,6 +15,7 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     fused,
     handoff,
     layers,
+    losses,
     mixed_precision,
     model_state,
     ops,

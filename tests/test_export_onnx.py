@@ -9,6 +9,7 @@ installed backend export to the same bytes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _backends import installed
+from _backends import backends
 
-from unitrain import ConfigError, Trainer, TrainerConfig, export_onnx, ops
+from unitrain import ConfigError, Trainer, TrainerConfig, export_onnx, onnx_export, ops
 from unitrain.cli import main
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
 from unitrain.export import portable_weights
@@ -141,22 +142,22 @@ def test_dropout_is_gone_and_batch_norm_uses_the_running_statistics(tmp_path, mo
     assert all(value.dtype != np.float64 for value in stored.values())
 
 
-def test_checkpoints_of_the_same_weights_from_every_backend_give_the_same_bytes(
-    tmp_path, monkeypatch
-):
-    models = _paper_models(monkeypatch)
-    names = installed("numpy", "torch", "jax", "tensorflow")
-    assert len(names) >= 2, "needs two backends to compare"
-    for model_name, (model, shape) in models.items():
-        weights = {k: v.astype(np.float32) for k, v in _weights(model).items()}
-        files = {}
-        for backend in names:
-            trainer = Trainer(model, backend=backend, config=TrainerConfig(device="cpu"))
-            trainer.backend.load_state_dict({**trainer.backend.state_dict(), **weights})
-            checkpoint = trainer.save_checkpoint(tmp_path / f"{model_name}-{backend}")
-            out = tmp_path / f"{model_name}-{backend}.onnx"
-            files[backend] = export_onnx(checkpoint, out, input_shape=shape[1:]).read_bytes()
-        assert len(set(files.values())) == 1, f"{model_name}: bytes differ across {names}"
+def _exported_checkpoint(backend: str, model: AbstractLayer, shape: tuple, folder: Path) -> bytes:
+    """The ONNX bytes of a checkpoint that ``backend`` wrote of the test weights."""
+    trainer = Trainer(model, backend=backend, config=TrainerConfig(device="cpu"))
+    weights = {name: value.astype(np.float32) for name, value in _weights(model).items()}
+    trainer.backend.load_state_dict({**trainer.backend.state_dict(), **weights})
+    checkpoint = trainer.save_checkpoint(folder / backend)
+    return export_onnx(checkpoint, folder / f"{backend}.onnx", input_shape=shape[1:]).read_bytes()
+
+
+@pytest.mark.parametrize("backend", backends("torch", "jax", "tensorflow"))
+def test_checkpoints_of_the_same_weights_export_to_the_same_bytes(backend, tmp_path, monkeypatch):
+    for name, (model, shape) in _paper_models(monkeypatch).items():
+        folder = tmp_path / name
+        expected = _exported_checkpoint("numpy", model, shape, folder)
+        got = _exported_checkpoint(backend, model, shape, folder)
+        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(expected).hexdigest(), name
 
 
 def test_export_imports_no_framework(tmp_path):
@@ -216,11 +217,31 @@ def test_a_layer_of_ones_own_is_exported_op_by_op(tmp_path):
     assert {"ReduceMean", "Slice", "Tanh", "Reshape"} <= set(kinds)
 
 
-def test_an_op_without_a_mapping_is_refused_by_name(tmp_path):
+#: Built-in layers whose forwards the op-by-op path must also export: together they use
+#: every group of mapped ops (normalisation, attention with rotary positions, indexing,
+#: gathering, broadcasting, concatenation).
+TRACED = ("batch_norm", "group_norm", "rms_norm", "embedding", "attention_rotary")
+TRACED += ("transformer_post_ln", "upsample", "concatenate", "sinusoidal_positions")
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in LAYER_CASES if c[0] in TRACED], ids=lambda case: case[0]
+)
+def test_built_in_forwards_traced_op_by_op_match_predict(case, tmp_path, monkeypatch):
+    monkeypatch.setattr(onnx_export, "CONVERTERS", {})  # every layer goes through its ops
+    _, layer, shape = case
+    _check_matches_predict(layer, shape, tmp_path / "traced.onnx")
+
+
+def test_an_op_without_a_mapping_is_refused_by_name(tmp_path, monkeypatch):
     trainer = _reference_trainer(Sequential([Linear(3, 3), Cumulative()]))
     with pytest.raises(ConfigError, match=r"Cumulative \(at 1\) uses unitrain.ops.argmax"):
         export_onnx(trainer, tmp_path / "never.onnx")
     assert not (tmp_path / "never.onnx").exists()
+    monkeypatch.setattr(onnx_export, "CONVERTERS", {})
+    with pytest.raises(ConfigError, match=r"Conv2d \(at 0\) uses unitrain.ops.conv,"):
+        conv = _reference_trainer(Sequential([Conv2d(1, 1, 1)]))
+        export_onnx(conv, tmp_path / "never.onnx", input_shape=(3, 3, 1))
 
 
 def test_the_input_shape_and_the_opset_are_checked(tmp_path):

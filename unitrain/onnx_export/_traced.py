@@ -49,11 +49,18 @@ class _TracingScope(Scope):
     def call(self, name: str, *inputs: Any) -> Any:
         layer = self.layer.child(name)
         tracer: Tracer = ops.current()
+        prefix = join(self._prefix, name)
         if layer is None or type(layer) not in tracer.graph.converters or len(inputs) != 1:
-            return super().call(name, *inputs)
+            outer = tracer.layer, tracer.prefix
+            if layer is not None:  # its ops are named after it, and errors name it
+                tracer.layer, tracer.prefix = layer, prefix
+            try:
+                return super().call(name, *inputs)
+            finally:
+                tracer.layer, tracer.prefix = outer
         x = tracer.tensor(inputs[0])
         graph = tracer.graph
-        out = graph.layer(layer, join(self._prefix, name), Value(x.name, example_shape(x)))
+        out = graph.layer(layer, prefix, Value(x.name, example_shape(x)))
         out = graph.channels_last(out, tracer.prefix)
         return Symbolic(tracer, out.name, (None, *out.shape))
 

@@ -19,7 +19,15 @@ import numpy as np
 import pytest
 from _backends import backends
 
-from unitrain import ConfigError, Trainer, TrainerConfig, export_onnx, onnx_export, ops
+from unitrain import (
+    ConfigError,
+    Trainer,
+    TrainerConfig,
+    UnitrainError,
+    export_onnx,
+    onnx_export,
+    ops,
+)
 from unitrain.cli import main
 from unitrain.conformance._layer_cases import LAYER_CASES, layer_input
 from unitrain.export import portable_weights
@@ -36,6 +44,7 @@ onnx = pytest.importorskip("onnx")
 reference = pytest.importorskip("onnx.reference")
 
 PAPERS = Path(__file__).resolve().parents[1] / "examples" / "papers"
+ERRORS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 #: The float32 graph against the float64 reference, as the issue asks: the largest error
 #: over the output's scale (its largest magnitude, at least 1).
 TOLERANCE = 1e-5
@@ -269,3 +278,76 @@ def test_cli_exports_a_trained_checkpoint(tmp_path, capsys):
     assert _error(got, trainer.predict(x)) < TOLERANCE
     assert main(["export", str(checkpoint), "--opset", "3", "--out", str(out)]) == 2
     assert "opset must be one of" in capsys.readouterr().err
+
+
+@dataclasses.dataclass(frozen=True)
+class Regroup(AbstractLayer, type_name="test_onnx_regroup"):
+    """A layer that folds the batch axis into another: it cannot have a free batch axis."""
+
+    def forward(self, scope: Scope, x: Any) -> Any:
+        return ops.reshape(x, (2, -1))
+
+    def _output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1,)
+
+
+def _no_mapping(path: Path) -> None:
+    export_onnx(_reference_trainer(Sequential([Linear(3, 3), Cumulative()])), path)
+
+
+def _no_input_shape(path: Path) -> None:
+    export_onnx(_reference_trainer(Sequential([Conv2d(1, 2, 3), Tanh()])), path)
+
+
+def _bad_opset(path: Path) -> None:
+    export_onnx(_reference_trainer(Linear(3, 2)), path, opset=13)
+
+
+def _batch_axis(path: Path) -> None:
+    export_onnx(_reference_trainer(Sequential([Regroup()])), path, input_shape=(4,))
+
+
+def _no_onnx(path: Path) -> None:
+    saved = sys.modules.get("onnx")
+    sys.modules["onnx"] = None  # type: ignore[assignment]  # import onnx raises ImportError
+    try:
+        export_onnx(_reference_trainer(Linear(3, 2)), path)
+    finally:
+        sys.modules["onnx"] = saved  # type: ignore[assignment]
+
+
+#: Each error of docs/errors.md's "ONNX export" table: how to make it, and its message.
+DOCUMENTED = {
+    "no_mapping": (
+        _no_mapping,
+        "export_onnx: Cumulative (at 1) uses unitrain.ops.argmax, which has no ONNX mapping; "
+        "write the layer with mapped ops (elementwise arithmetic and functions, reductions, "
+        "matmul, linear, reshape, transpose, concat, softmax, layer_norm, slicing) or compose "
+        "it from built-in layers",
+    ),
+    "no_input_shape": (
+        _no_input_shape,
+        "export_onnx: the input shape of Sequential of 2 layers is not in the model (it starts "
+        "with Conv2d); pass input_shape= the shape of one example, e.g. (28, 28, 1) for images "
+        "or (128,) for sequences of 128 token ids",
+    ),
+    "bad_opset": (_bad_opset, "export_onnx: opset must be one of (18, 19, 20, 21), got opset=13"),
+    "batch_axis": (
+        _batch_axis,
+        "export_onnx: Regroup (at 0) uses unitrain.ops.reshape on a new batch axis ((2, -1)), "
+        "which an ONNX graph with a free batch axis cannot hold; keep the batch axis as it is "
+        "(reshape with -1 or ops.shape(x)[0] first)",
+    ),
+    "no_onnx": (_no_onnx, "export_onnx needs the onnx package: pip install 'unitrain[onnx]'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_documented_error(name, tmp_path):
+    make, message = DOCUMENTED[name]
+    with pytest.raises(UnitrainError) as raised:
+        make(tmp_path / "never.onnx")
+    assert str(raised.value) == message
+    assert not (tmp_path / "never.onnx").exists()
+    section = ERRORS_PAGE.read_text(encoding="utf-8").split("## ONNX export", 1)[-1]
+    assert message in section and f"`test_documented_error[{name}]`" in section

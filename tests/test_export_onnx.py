@@ -209,7 +209,7 @@ class Centered(AbstractLayer, type_name="test_onnx_centered"):
 
 
 @dataclasses.dataclass(frozen=True)
-class Cumulative(AbstractLayer, type_name="test_onnx_cumulative"):
+class OneHotArgmax(AbstractLayer, type_name="test_onnx_one_hot_argmax"):
     """A layer using an op with no ONNX mapping (``one_hot`` of its argmax)."""
 
     def forward(self, scope: Scope, x: Any) -> Any:
@@ -243,8 +243,8 @@ def test_built_in_forwards_traced_op_by_op_match_predict(case, tmp_path, monkeyp
 
 
 def test_an_op_without_a_mapping_is_refused_by_name(tmp_path, monkeypatch):
-    trainer = _reference_trainer(Sequential([Linear(3, 3), Cumulative()]))
-    with pytest.raises(ConfigError, match=r"Cumulative \(at 1\) uses unitrain.ops.argmax"):
+    trainer = _reference_trainer(Sequential([Linear(3, 3), OneHotArgmax()]))
+    with pytest.raises(ConfigError, match=r"OneHotArgmax \(at 1\) uses unitrain.ops.argmax"):
         export_onnx(trainer, tmp_path / "never.onnx")
     assert not (tmp_path / "never.onnx").exists()
     monkeypatch.setattr(onnx_export, "CONVERTERS", {})
@@ -292,7 +292,7 @@ class Regroup(AbstractLayer, type_name="test_onnx_regroup"):
 
 
 def _no_mapping(path: Path) -> None:
-    export_onnx(_reference_trainer(Sequential([Linear(3, 3), Cumulative()])), path)
+    export_onnx(_reference_trainer(Sequential([Linear(3, 3), OneHotArgmax()])), path)
 
 
 def _no_input_shape(path: Path) -> None:
@@ -320,7 +320,7 @@ def _no_onnx(path: Path) -> None:
 DOCUMENTED = {
     "no_mapping": (
         _no_mapping,
-        "export_onnx: Cumulative (at 1) uses unitrain.ops.argmax, which has no ONNX mapping; "
+        "export_onnx: OneHotArgmax (at 1) uses unitrain.ops.argmax, which has no ONNX mapping; "
         "write the layer with mapped ops (elementwise arithmetic and functions, reductions, "
         "matmul, linear, reshape, transpose, concat, softmax, layer_norm, slicing) or compose "
         "it from built-in layers",

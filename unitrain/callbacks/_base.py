@@ -30,6 +30,7 @@ HOOKS = (
     "on_batch_end",
     "on_validation_begin",
     "on_validation_end",
+    "on_step_validation_end",
 )
 
 
@@ -128,6 +129,11 @@ class Callback:
 
     def on_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
         """Called after a validation pass with its metrics."""
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        """Called after a validation by steps (``val_every_n_steps``) with its history row:
+        ``epoch`` (counting from 1), ``step``, ``lr``, the epoch's ``loss`` so far, the
+        ``val_*`` metrics and ``seconds``, as an epoch's row has them."""
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state to store in checkpoints."""

@@ -27,6 +27,10 @@ class EarlyStopping(Callback):
     also when training ran to its last epoch. Unlike Keras, all of this, the best weights
     included, is saved in checkpoints, so a resumed run stops at the same epoch.
 
+    With ``TrainerConfig(val_every_n_steps=N)`` a ``val_*`` monitor is judged at each
+    validation instead (``patience`` then counts validations, and training stops after the
+    update that was validated); ``start_from_epoch`` still counts epochs.
+
     Args:
         monitor: metric name from the epoch logs, e.g. ``"val_loss"``.
         min_delta: smallest change that counts as an improvement (sign ignored).
@@ -68,6 +72,25 @@ class EarlyStopping(Callback):
         self._trainer = trainer  # to check restored best weights against the model
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        self._judge(trainer, epoch, logs, first=epoch == 0, unit="epochs")
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        # With val_every_n_steps a validation metric is judged at each validation (as
+        # Lightning's EarlyStopping does), so patience counts validations; training metrics
+        # are still judged at epoch ends.
+        if self.monitor.name.startswith("val_"):
+            every = trainer.config.val_every_n_steps or 1
+            first = logs["step"] <= every
+            self._judge(trainer, logs["epoch"] - 1, logs, first=first, unit="validations")
+
+    def _judge(
+        self, trainer: Trainer, epoch: int, logs: dict[str, Any], first: bool, unit: str
+    ) -> None:
+        """One measurement: record an improvement, or count it and stop after ``patience``.
+
+        ``first``: the run's first measurement, which never stops it (Keras's ``epoch > 0``);
+        ``unit``: what ``wait`` counts, for the message.
+        """
         current = self.monitor.read(logs)
         if current is None or epoch < self.start_from_epoch:
             return
@@ -81,11 +104,11 @@ class EarlyStopping(Callback):
             if self.baseline is None or self.monitor.improved(current, self.baseline):
                 self.wait = 0
             return
-        if self.wait >= self.patience and epoch > 0:
+        if self.wait >= self.patience and not first:
             self.stopped_epoch = epoch
             best = "none" if self.best_epoch is None else f"epoch {self.best_epoch + 1}"
             trainer.stop(
-                f"early stopping: {self.monitor.name} did not improve for {self.wait} epochs "
+                f"early stopping: {self.monitor.name} did not improve for {self.wait} {unit} "
                 f"(best {self.best:.6g} at {best})"
             )
 

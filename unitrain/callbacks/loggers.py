@@ -22,7 +22,8 @@ __all__ = ["CSVLogger", "ConsoleLogger", "JSONLLogger"]
 
 
 class ConsoleLogger(Callback):
-    """Prints one line per epoch as soon as it ends (``epoch 3/10: loss=... val_loss=...``).
+    """Prints one line per epoch as soon as it ends (``epoch 3/10: loss=... val_loss=...``),
+    and one per validation by steps (``step 200/1000 (epoch 2): loss=... val_loss=...``).
 
     With several workers, only rank 0 keeps it (see :mod:`unitrain.backends.strategy`).
 
@@ -56,6 +57,13 @@ class ConsoleLogger(Callback):
             )
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        self._print(f"epoch {logs['epoch']}/{trainer.config.epochs}", logs)
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        limit = f"/{trainer.config.max_steps}" if trainer.config.max_steps else ""
+        self._print(f"step {logs['step']}{limit} (epoch {logs['epoch']})", logs)
+
+    def _print(self, where: str, logs: dict[str, Any]) -> None:
         shown = [
             f"{key}={value:.4f}"
             for key, value in logs.items()
@@ -64,8 +72,7 @@ class ConsoleLogger(Callback):
         ]
         shown.append(f"lr={logs['lr']:.3g}")
         print(
-            f"epoch {logs['epoch']}/{trainer.config.epochs}: {', '.join(shown)} "
-            f"({logs['seconds']:.1f}s)",
+            f"{where}: {', '.join(shown)} ({logs['seconds']:.1f}s)",
             file=self.stream or sys.stdout,
             flush=True,
         )
@@ -73,7 +80,8 @@ class ConsoleLogger(Callback):
 
 class _EpochFileLogger(Callback):
     """Appends one line per epoch and closes the file again, so a kill loses at most the
-    line in flight and no handle outlives an interrupted run.
+    line in flight and no handle outlives an interrupted run. A validation by steps
+    (``val_every_n_steps``) is a line of its own, written as an epoch's is.
 
     The file's length after each line is part of the callback's checkpoint state; a resumed
     run cuts the file back to that length first, so epochs re-run after the checkpoint are
@@ -127,6 +135,9 @@ class _EpochFileLogger(Callback):
         lineage = getattr(trainer, "lineage", None)
         return logs if lineage is None else {**logs, "run_id": lineage.id}
 
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        self.on_epoch_end(trainer, logs["epoch"] - 1, logs)
+
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -152,7 +163,8 @@ class CSVLogger(_EpochFileLogger):
     """One CSV row per epoch, with the first epoch's metrics as columns (as Keras does).
 
     A metric missing from a later epoch is left empty; validate in the first epoch (the
-    default ``val_every_n_epochs=1``) to get validation columns.
+    default ``val_every_n_epochs=1``) to get validation columns. With ``val_every_n_steps``,
+    a first validation before the first epoch ends gives them; epoch rows leave them empty.
     """
 
     def __init__(self, path: str | Path) -> None:

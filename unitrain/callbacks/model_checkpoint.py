@@ -34,7 +34,8 @@ class ModelCheckpoint(Callback):
     name: the later save replaces the earlier) and the newest ``keep_last`` of this run are
     kept; checkpoints of other runs in the folder (the run a resume branched from, see
     :mod:`unitrain.training._lineage`) are never deleted. With
-    ``monitor`` set, the checkpoint of the best epoch so far is also kept under ``dirpath/best``.
+    ``monitor`` set, the checkpoint of the best epoch so far is also kept under ``dirpath/best``
+    (with ``TrainerConfig(val_every_n_steps=N)``, of the best validated step).
     Every write is atomic (a temporary directory renamed into place), so a kill at any moment
     leaves the previous checkpoints valid, and ``fit(resume="latest")`` continues from the
     newest one that verifies.
@@ -141,15 +142,27 @@ class ModelCheckpoint(Callback):
         self._last_step = step
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
-        new_best = False
-        if self.monitor is not None:
-            current = self.monitor.read(logs)
-            if current is not None and self.monitor.improved(current, self.best):
-                self.best, new_best = current, True
+        new_best = self._new_best(logs)
         if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
             self._save_periodic(trainer)
         if new_best:
             trainer.save_checkpoint(self._directory(trainer) / BEST, background=self.background)
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        # val_every_n_steps: a validation metric picks the best step at each validation.
+        monitored = self.monitor is not None and self.monitor.name.startswith("val_")
+        if monitored and self._new_best(logs):
+            trainer.save_checkpoint(self._directory(trainer) / BEST, background=self.background)
+
+    def _new_best(self, logs: dict[str, Any]) -> bool:
+        """Whether ``logs`` hold a better value of the monitor than any so far (recorded)."""
+        if self.monitor is None:
+            return False
+        current = self.monitor.read(logs)
+        if current is None or not self.monitor.improved(current, self.best):
+            return False
+        self.best = current
+        return True
 
     def _save_periodic(self, trainer: Trainer) -> None:
         directory = self._directory(trainer)

@@ -22,6 +22,8 @@ class ReduceLROnPlateau(Callback):
     warmup or cosine still shapes the LR and the reduction is saved in checkpoints. The
     reduced LR never goes below ``min_lr``. Rules follow Keras's ``ReduceLROnPlateau``
     (``cooldown`` epochs after a reduction count neither as waiting nor for reduction).
+    With ``TrainerConfig(val_every_n_steps=N)`` a ``val_*`` monitor is judged at each
+    validation instead, and ``patience`` and ``cooldown`` count validations.
 
     Args:
         monitor: metric name, e.g. ``"val_loss"``.
@@ -67,6 +69,15 @@ class ReduceLROnPlateau(Callback):
         self._reset()
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, logs: dict[str, Any]) -> None:
+        self._judge(trainer, f"epoch {epoch + 1}", logs)
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        # val_every_n_steps: a validation metric is judged at each validation (patience and
+        # cooldown count validations); training metrics still at epoch ends.
+        if self.monitor.name.startswith("val_"):
+            self._judge(trainer, f"step {logs['step']}", logs)
+
+    def _judge(self, trainer: Trainer, where: str, logs: dict[str, Any]) -> None:
         current = self.monitor.read(logs)
         if current is None:
             return
@@ -82,15 +93,16 @@ class ReduceLROnPlateau(Callback):
                 # As in Keras, a plateau already at min_lr neither resets wait nor cools down.
                 trainer.lr_factor *= max(lr * self.factor, self.min_lr) / lr
                 if self.verbose and trainer.strategy.is_main:
-                    self._say(epoch, current, lr, trainer.lr)
+                    self._say(where, current, lr, trainer.lr)
                 self.cooldown_counter, self.wait = self.cooldown, 0
 
-    def _say(self, epoch: int, current: float, old_lr: float, new_lr: float) -> None:
+    def _say(self, where: str, current: float, old_lr: float, new_lr: float) -> None:
         """Print the reduction on one line, flushed so that a log file shows it at once."""
+        unit = "validations" if where.startswith("step") else "epochs"
         print(
-            f"ReduceLROnPlateau: epoch {epoch + 1}: lr {old_lr:.4g} -> {new_lr:.4g} "
+            f"ReduceLROnPlateau: {where}: lr {old_lr:.4g} -> {new_lr:.4g} "
             f"({self.monitor.name}={current:.6g}, no improvement on {self.best:.6g} for "
-            f"{self.wait} epochs)",
+            f"{self.wait} {unit})",
             file=sys.stdout,
             flush=True,
         )

@@ -43,7 +43,9 @@ class TensorBoardLogger(Callback):
     At each logging point (every ``log_every_n_steps`` updates) it writes ``train/loss`` and
     ``train/lr`` at the global step; at each epoch's end every metric of the epoch
     (``epoch/loss``, ``epoch/val_loss``, ``epoch/val_accuracy``, ``epoch/lr``, ...) at the
-    step the epoch ended on. Each logging point's events are on disk when it returns.
+    step the epoch ended on; with ``val_every_n_steps``, each validation's metrics
+    (``step/val_loss``, ...) at its step. Each logging point's events are on disk when it
+    returns.
 
     Each ``fit`` writes a new event file, named as TensorBoard expects; the folder is checked
     to be writable when training begins, and a write that fails is a
@@ -84,6 +86,11 @@ class TensorBoardLogger(Callback):
             if key not in _NOT_SCALARS and isinstance(value, (int, float))
         }
         self._writer.write(logs["step"], scalars)
+
+    def on_step_validation_end(self, trainer: Trainer, logs: dict[str, Any]) -> None:
+        if self._writer is not None:  # val_every_n_steps: the validation metrics at the step
+            scalars = {f"step/{k}": v for k, v in logs.items() if k.startswith("val_")}
+            self._writer.write(logs["step"], scalars)
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self._writer is not None:

@@ -105,9 +105,11 @@ def train(args: argparse.Namespace) -> int:
         die_with_parent()
     train_data, val_data = recipe.load_data()
     say: Any = print if trainer.strategy.is_main else lambda *_, **__: None  # rank 0 speaks
+    limit = trainer.config.max_steps
     say(
         f"unitrain: training {recipe.name} on {backend} ({trainer.backend.device}), "
-        f"{trainer.config.epochs} epochs, into {out}",
+        f"{trainer.config.epochs} epochs{'' if limit is None else f' or {limit} steps'}, "
+        f"into {out}",
         flush=True,
     )
     try:
@@ -130,10 +132,12 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _stop_line(trainer: Any) -> str:
-    """Why training ended: early stopping, a non-finite loss, or all epochs done."""
+    """Why training ended: early stopping, a non-finite loss, max_steps, or all epochs done."""
     done, planned = trainer.state.epoch, trainer.config.epochs
     if trainer.stop_reason is not None:
         return f"stopped after epoch {done} of {planned}: {trainer.stop_reason}"
+    if trainer.config.max_steps is not None and trainer.state.step >= trainer.config.max_steps:
+        return f"done: max_steps={trainer.config.max_steps} reached in epoch {trainer.epoch_number}"
     if trainer.state.stop_training:
         return f"stopped after epoch {done} of {planned}: the resumed run had stopped there"
     return f"done: {done} of {planned} epochs"

@@ -7,6 +7,10 @@ config.epochs=3`` then left the cosine sized for ten epochs, ending at lr 0.0887
 Python recipe ends at 0.001. Written in epochs (``"1 epoch"``, ``"(config.epochs - 1)
 epochs"``), the count follows the config the recipe is finally read with, ``--set``
 included, by the same rule as the Python recipe.
+
+``config.epochs`` in a length is the run's length in epochs: with ``config.max_steps`` set
+and reached first, ``max_steps`` divided by the updates in one epoch (a fraction), so a
+cosine written as ``"(config.epochs - 1) epochs"`` ends where ``max_steps`` ends the run.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 from typing import Any
 
 from unitrain._errors import ConfigError
-from unitrain.training.config import TrainerConfig
+from unitrain.training.config import TrainerConfig, run_updates
 
 __all__ = ["schedule_in_updates", "updates_per_epoch"]
 
@@ -58,6 +62,8 @@ def schedule_in_updates(table: Any, data: Any, config: TrainerConfig) -> Any:
         ...          "schedule": {"decay_steps": "(config.epochs - 1) epochs"}}
         >>> schedule_in_updates(table, Digits(), TrainerConfig(epochs=3))
         {'type': 'warmup', 'warmup_steps': 45, 'schedule': {'decay_steps': 90}}
+        >>> schedule_in_updates(table, Digits(), TrainerConfig(epochs=3, max_steps=100))
+        {'type': 'warmup', 'warmup_steps': 45, 'schedule': {'decay_steps': 55}}
     """
     if isinstance(table, dict):
         return {key: schedule_in_updates(value, data, config) for key, value in table.items()}
@@ -65,12 +71,14 @@ def schedule_in_updates(table: Any, data: Any, config: TrainerConfig) -> Any:
         return [schedule_in_updates(value, data, config) for value in table]
     if not isinstance(table, str) or not (found := _IN_EPOCHS.fullmatch(table)):
         return table
-    run_less = config.epochs - float(found["less"] or 0)
-    epochs = run_less if found["run"] else float(found["count"])
     train_size = getattr(data, "train_size", None)
     if not isinstance(train_size, int):
         raise ConfigError(
             f"schedule: {table!r} is a length in epochs, but the data ({type(data).__name__}) "
             "has no train_size to count an epoch's updates; write the length in updates"
         )
-    return max(round(epochs * updates_per_epoch(train_size, config)), 1)
+    per_epoch = updates_per_epoch(train_size, config)
+    batches = math.ceil(train_size / config.batch_size)
+    run_epochs = run_updates(config, batches) / per_epoch  # config.epochs, or max_steps sooner
+    epochs = run_epochs - float(found["less"] or 0) if found["run"] else float(found["count"])
+    return max(round(epochs * per_epoch), 1)

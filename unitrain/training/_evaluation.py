@@ -8,6 +8,7 @@ states are not reduced across workers).
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 from unitrain._errors import DataError
@@ -20,7 +21,12 @@ __all__ = ["evaluate"]
 
 
 def evaluate(
-    backend: Any, strategy: Strategy, metrics: list[Metric], source: BatchSource, label: str
+    backend: Any,
+    strategy: Strategy,
+    metrics: list[Metric],
+    source: BatchSource,
+    label: str,
+    max_batches: int | None = None,
 ) -> dict[str, float]:
     """The mean of the backend's ``evaluate`` metrics and of ``metrics`` over ``source``.
 
@@ -31,16 +37,18 @@ def evaluate(
             when the Trainer is built).
         source: the data, read from its first epoch's order.
         label: what messages call the data (``"val_data"``).
+        max_batches: read at most this many batches, the first ones (None: all).
 
     Raises:
         DataError: ``source`` yielded no example.
     """
+    batches = islice(source.batches(0), max_batches)
     if strategy.world_size > 1 and not metrics:
-        return evaluate_over_workers(backend, strategy, source.batches(0), label)
+        return evaluate_over_workers(backend, strategy, batches, label)
     sums: dict[str, Any] = {}
     count = 0
     totals = MetricTotals(metrics)
-    for batch in source.batches(0):
+    for batch in batches:
         n = len(batch[0])
         for key, value in backend.evaluate(batch).items():
             sums[key] = sums.get(key, 0.0) + value * n

@@ -11,6 +11,7 @@ skipped updates, the last LR applied) are set only here.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from unitrain._errors import NonFiniteError
+from unitrain._errors import ConfigError, NonFiniteError
 from unitrain.backends.numbering import NumberedCalls
 from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
 from unitrain.backends.strategy import Strategy, training_shards
@@ -47,6 +48,7 @@ class FitLoop:
     metrics: list[Metric]
     state: TrainState
     history: list[dict[str, Any]]
+    val_source: BatchSource | None
 
     if TYPE_CHECKING:  # defined by the Trainer
 
@@ -76,6 +78,9 @@ class FitLoop:
                 "has no multi-step call; running one update per call",
                 stacklevel=3,  # the user's Trainer(...) line
             )
+        #: One row per validation by steps (``val_every_n_steps``); ``history`` keeps one
+        #: row per epoch.
+        self.step_history: list[dict[str, Any]] = []
         self._device_source: BatchSource | None = None  # the source copied to the device
         to_host = self.backend.to_host if isinstance(self.backend, ToHost) else None
         self._running = RunningLoss(to_host)
@@ -95,6 +100,45 @@ class FitLoop:
     def skipped_steps(self) -> int:
         """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
         return self._skipped_before + self.backend.skipped_steps
+
+    @property
+    def steps_left(self) -> int:
+        """Updates left before ``max_steps`` (``sys.maxsize`` without it); the loop stops at 0."""
+        if self.config.max_steps is None:
+            return sys.maxsize
+        return max(self.config.max_steps - self.state.step, 0)
+
+    def training_left(self) -> bool:
+        """Whether the run has epochs and updates left and was not told to stop."""
+        state = self.state
+        return state.epoch < self.config.epochs and not state.stop_training and self.steps_left > 0
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Examples per batch when validating, testing or predicting on plain arrays."""
+        return self.config.eval_batch_size or self.config.batch_size
+
+    def _check_validation_settings(self) -> None:
+        """Refuse a validation cadence or limit when this fit has no validation data."""
+        for name in ("val_every_n_steps", "val_batches"):
+            value = getattr(self.config, name)
+            if value is not None and self.val_source is None:
+                raise ConfigError(
+                    f"TrainerConfig: {name}={value} needs validation data; pass val_data to "
+                    f"fit() (in a recipe: data with a validation split) or leave {name} unset"
+                )
+
+    def _warn_finished(self) -> None:
+        """Say that a resumed run has nothing left to train (``fit`` then returns at once)."""
+        state, config = self.state, self.config
+        limit = "" if config.max_steps is None else f", step {state.step} of {config.max_steps}"
+        warnings.warn(
+            f"the resumed run had already finished (epoch {state.epoch} of {config.epochs}"
+            f"{limit}, stopped early: {state.stop_training}); nothing left to train. Raise "
+            "epochs (or max_steps) to train further (a run that stopped early keeps that "
+            "decision: start a new run).",
+            stacklevel=4,  # the user's fit(...) line
+        )
 
     def running_totals(self) -> tuple[float, int]:
         """The epoch's summed training loss and example count so far, over all workers."""
@@ -119,12 +163,14 @@ class FitLoop:
                     self._train_group(payload)
                 else:
                     self._train_steps(kind, payload, steps, batch_size)
-                if self.state.stop_training:
+                if self.state.stop_training or not self.steps_left:
                     break
         logs = {"epoch": epoch + 1, "step": self.state.step, "lr": self._last_lr}
         logs.update(self._read_running())
-        last = epoch + 1 == self.config.epochs or self.state.stop_training
-        if val_source is not None and ((epoch + 1) % self.config.val_every_n_epochs == 0 or last):
+        # Reaching max_steps mid-epoch ends the epoch there, as a stop does: its row covers
+        # the batches trained, and a checkpoint counts it as finished.
+        last = epoch + 1 == self.config.epochs or self.state.stop_training or not self.steps_left
+        if val_source is not None and self._validates_at_epoch_end(epoch, last):
             logs.update(self._validate(val_source))  # checked once, when fit began
         logs["seconds"] = time.perf_counter() - started
         self.history.append(logs)
@@ -133,25 +179,35 @@ class FitLoop:
         self.callbacks.call("on_epoch_end", self, epoch, logs)
         self._attend()  # a signal during validation or the hooks; a lost run lock
 
+    def _validates_at_epoch_end(self, epoch: int, last: bool) -> bool:
+        """Every ``val_every_n_epochs``-th epoch and the last; by steps, only the run's last
+        update, unless a validation by steps has just measured it."""
+        if self.config.val_every_n_steps is None:
+            return (epoch + 1) % self.config.val_every_n_epochs == 0 or last
+        measured = self.step_history and self.step_history[-1]["step"] == self.state.step
+        return last and not measured
+
     def _units(self, source: BatchSource, epoch: int) -> Iterator[tuple[str, Any, int, int]]:
         """The epoch's work from the current position: ``(kind, payload, updates, batch)``.
 
         ``group`` units are one update from ``grad_accum_steps`` micro-batches; ``stacked``
         and ``indexed`` units are ``steps_per_call`` updates in one compiled call, on host
         batches stacked together or on indices into the data kept on the device. Batches
-        that do not fill a whole call (the end of an epoch) go one update at a time.
+        that do not fill a whole call (the end of an epoch, or fewer updates left before
+        ``max_steps`` than a call makes) go one update at a time. The loop takes the units one
+        by one, so ``steps_left`` is read after the previous unit has run.
         """
         start, k = self.state.batch, self.config.steps_per_call
         if self._device_source is source:
             assert isinstance(source, ArrayLoader)
             order, size = source.order(epoch), source.batch_size
             full = len(order) // size
-            while start + k <= full:
+            while start + k <= full and self.steps_left >= k:
                 yield "indexed", order[start * size : (start + k) * size].reshape(k, size), k, size
                 start += k
         batches = source.batches(epoch, start)
         if k > 1 and self._multi_step:
-            while chunk := list(islice(batches, k)):
+            while chunk := list(islice(batches, min(k, self.steps_left))):
                 sizes = {len(batch[0]) for batch in chunk}
                 if len(chunk) < k or len(sizes) > 1:
                     yield from (("group", [batch], 1, len(batch[0])) for batch in chunk)
@@ -173,13 +229,14 @@ class FitLoop:
         callbacks, running, lr_at, state = self.callbacks, self._running, self.lr_at, self.state
         update = self._calls.train_step if self._fused else self._update
         begin = callbacks.hooks["on_batch_begin"]
+        max_steps = self.config.max_steps or sys.maxsize
         for batch in batches:
             lr = lr_at(state.step)
             if begin:
                 callbacks.call("on_batch_begin", self, state.batch)
             running.add(update(batch, lr, step=state.step), len(batch[0]))
             self._after_update(1, 1, lr)
-            if self.state.stop_training:
+            if state.stop_training or state.step >= max_steps:
                 break
 
     def _update(self, batch: Batch, lr: float, step: int) -> Any:
@@ -237,6 +294,12 @@ class FitLoop:
         self._last_lr = lr
         every, hooked = self.config.log_every_n_steps, self.callbacks.hooks["on_batch_end"]
         logging = state.step // every > (state.step - steps) // every
+        val_every = self.config.val_every_n_steps or 0
+        validating = val_every and state.step // val_every > (state.step - steps) // val_every
+        if validating and self.val_source is not None:
+            # Before on_batch_end: a checkpoint of this step then holds the row and what the
+            # monitors decided on it, so a resume neither repeats nor misses this validation.
+            self._validate_by_steps(self.val_source, lr)
         if logging or hooked:
             logs: dict[str, Any] = {"step": state.step, "lr": lr}
             if logging:
@@ -294,10 +357,29 @@ class FitLoop:
             self.backend.set_device_data(source.inputs, source.targets)
             self._device_source = source
 
+    def _validate_by_steps(self, source: BatchSource, lr: float) -> None:
+        """A validation of ``val_every_n_steps``: a row of :attr:`step_history`, given to the
+        callbacks' ``on_step_validation_end`` (loggers write it, monitors judge it).
+
+        Its ``loss`` is the epoch's mean training loss so far (reading it changes no sum).
+        """
+        started = time.perf_counter()
+        row = {"epoch": self.state.epoch + 1, "step": self.state.step, "lr": lr}
+        row.update(self._read_running())
+        row.update(self._validate(source))
+        row["seconds"] = time.perf_counter() - started
+        self.step_history.append(row)
+        self.callbacks.call("on_step_validation_end", self, row)
+
     def _validate(self, source: BatchSource) -> dict[str, float]:
-        """One validation pass with its hooks; metrics are prefixed ``val_``."""
+        """One validation pass with its hooks; metrics are prefixed ``val_``.
+
+        It reads at most ``val_batches`` batches, the first ones in the data's order.
+        """
         self.callbacks.call("on_validation_begin", self)
-        results = evaluate(self.backend, self.strategy, self.metrics, source, "val_data")
+        results = evaluate(
+            self.backend, self.strategy, self.metrics, source, "val_data", self.config.val_batches
+        )
         metrics = {f"val_{k}": v for k, v in results.items()}
         self.callbacks.call("on_validation_end", self, metrics)
         return metrics

@@ -54,6 +54,7 @@ class RunState:
         lr_factor: the multiplier of the schedule's learning rate (ReduceLROnPlateau's).
         skipped_steps: updates skipped so far for a non-finite gradient.
         history: one metrics dict per finished epoch.
+        step_history: one metrics dict per validation by steps (``val_every_n_steps``).
     """
 
     position: TrainState
@@ -62,6 +63,7 @@ class RunState:
     lr_factor: float = 1.0
     skipped_steps: int = 0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    step_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Run(Protocol):
@@ -106,6 +108,7 @@ def snapshot(run: Run) -> dict[str, Any]:
         "config": dataclasses.asdict(run.config),
         "callbacks": callback_states,
         "history": state.history,
+        "step_history": state.step_history,
         "rng": {**rng.get_rng_state(), "backend": run.backend.rng_state()},
         "backend": {
             "name": run.backend.name,
@@ -135,6 +138,7 @@ def restore(run: Run, resume: str | Path) -> tuple[Path, dict[str, Any]]:
     state.update({f"optimizer.{k}": v for k, v in checkpoint.optimizer.items()})
     _resume.check_tensors(path, state, run.backend.state_dict())
     point = _resume.read_resume_point(info, file, run.batches_per_epoch)
+    step_history = _read_step_history(info, file, point.step)
     try:
         run.backend.load_state_dict(state)
         if point.rng is not None:
@@ -162,6 +166,26 @@ def restore(run: Run, resume: str | Path) -> tuple[Path, dict[str, Any]]:
             lr_factor=point.lr_factor,
             skipped_steps=point.skipped_steps,
             history=point.history,
+            step_history=step_history,
         )
     )
     return path, callbacks
+
+
+def _read_step_history(info: dict[str, Any], file: Path, step: int) -> list[dict[str, Any]]:
+    """``trainer.json``'s rows of validations by steps, checked (absent: none were made).
+
+    Each row is an object whose ``step`` is an int, in increasing order and not after the
+    checkpoint's step: later rows would repeat validations that the resumed run makes again.
+    """
+    rows = info.get("step_history", [])
+    if isinstance(rows, list) and all(isinstance(row, dict) for row in rows):
+        steps = [row.get("step") for row in rows]
+        ordered = all(type(n) is int for n in steps) and steps == sorted(set(steps))
+        if ordered and (not steps or steps[-1] <= step):
+            return list(rows)
+    raise CheckpointError(
+        f"{file}: 'step_history' must be a list of objects with increasing int 'step's up to "
+        f"the checkpoint's step ({step}), got {rows!r:.80}; the file is damaged or was not "
+        "written by unitrain — use an earlier checkpoint"
+    )

@@ -12,7 +12,7 @@ from unitrain.backends.precision import LossScaler, check_matmul_precision, chec
 from unitrain.schedules import AbstractSchedule, Warmup
 from unitrain.training._preemption import DEFAULT_SIGNALS, check_signal_names
 
-__all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length"]
+__all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length", "run_updates"]
 
 #: What to do when a step's loss or gradient is NaN or infinite. In every case that step's
 #: update is skipped (weights and optimizer state untouched); the policies differ in what
@@ -20,6 +20,13 @@ __all__ = ["NONFINITE_POLICIES", "TrainerConfig", "check_run_length"]
 #: go on. The check reads a counter kept by the backend at logging points and epoch ends, so
 #: it costs no host sync per step; set ``log_every_n_steps=1`` to react at the very step.
 NONFINITE_POLICIES = ("raise", "skip_batch", "stop")
+
+
+def _optional_positive_int(name: str, value: Any, advice: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"TrainerConfig: {name} must be an int >= 1 or None, got {name}={value!r}; {advice}"
+        )
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
@@ -35,7 +42,12 @@ class TrainerConfig:
 
     Args:
         epochs: passes over the training data.
+        max_steps: stop after this many optimizer updates (skipped ones included), mid-epoch
+            if need be; None: no limit. With ``epochs``, whichever is reached first ends the
+            run (nanoGPT's ``max_iters``, Lightning's ``max_steps``).
         batch_size: examples per batch when ``fit`` is given plain ``(inputs, targets)`` arrays.
+        eval_batch_size: examples per batch when validating, testing or predicting on plain
+            arrays; None: ``batch_size``.
         grad_accum_steps: micro-batches whose gradients are added before one optimizer step;
             micro-batches are weighted by size, so k batches of n equal one batch of k*n.
         grad_clip_norm: clip gradients to this global L2 norm (torch's formula), or None.
@@ -51,6 +63,12 @@ class TrainerConfig:
         loss_scaler: the dynamic loss-scaling rule of ``"16-mixed"``.
         log_every_n_steps: how often running metrics are read back to the host.
         val_every_n_epochs: validate after every n-th epoch (and after the last).
+        val_every_n_steps: validate after every n-th update instead of at epoch ends (and
+            after the last update); each such validation is a row of its own in the history
+            (nanoGPT's ``eval_interval``). None: validate by epochs.
+        val_batches: validate on at most this many batches, the first ones of the
+            validation data (nanoGPT's ``eval_iters``, Lightning's ``limit_val_batches``);
+            None: all of them.
         device: ``"cpu"``, ``"gpu"`` or ``"auto"``.
         dtype: parameter dtype.
         nonfinite: one of :data:`NONFINITE_POLICIES`.
@@ -88,6 +106,10 @@ class TrainerConfig:
     precision: str = "32"
     loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
     preemption_signals: tuple[str, ...] = DEFAULT_SIGNALS
+    max_steps: int | None = None
+    val_every_n_steps: int | None = None
+    val_batches: int | None = None
+    eval_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)
@@ -110,6 +132,26 @@ class TrainerConfig:
         _positive_int("val_every_n_epochs", self.val_every_n_epochs)
         _positive_int("seed", self.seed, minimum=0)
         _positive_int("steps_per_call", self.steps_per_call)
+        _optional_positive_int(
+            "max_steps", self.max_steps, "it counts optimizer updates; None trains by epochs"
+        )
+        _optional_positive_int(
+            "val_every_n_steps",
+            self.val_every_n_steps,
+            "it counts optimizer updates; None validates by epochs (val_every_n_epochs)",
+        )
+        _optional_positive_int(
+            "val_batches", self.val_batches, "None validates on the whole validation data"
+        )
+        _optional_positive_int(
+            "eval_batch_size", self.eval_batch_size, "None evaluates in batches of batch_size"
+        )
+        if self.val_every_n_steps is not None and self.val_every_n_epochs != 1:
+            raise ConfigError(
+                "TrainerConfig: val_every_n_steps and val_every_n_epochs both set the "
+                f"validation cadence (got val_every_n_steps={self.val_every_n_steps}, "
+                f"val_every_n_epochs={self.val_every_n_epochs}); set only one of them"
+            )
         if self.steps_per_call > 1 and self.grad_accum_steps > 1:
             raise ConfigError(
                 "TrainerConfig: steps_per_call > 1 runs whole updates per call and cannot "
@@ -147,16 +189,35 @@ class TrainerConfig:
             object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
 
 
+def run_updates(config: TrainerConfig, batches_per_epoch: int) -> int:
+    """The optimizer updates the whole run makes: ``epochs`` epochs, or ``max_steps`` if fewer.
+
+    One epoch is ``ceil(batches_per_epoch / grad_accum_steps)`` updates. A schedule sized
+    from the run (the digits recipe's cosine, a recipe's ``"(config.epochs - 1) epochs"``)
+    takes its length from here, so ``max_steps`` shortens it as it shortens the run.
+
+    Examples:
+        >>> run_updates(TrainerConfig(epochs=3), 45)
+        135
+        >>> run_updates(TrainerConfig(epochs=3, max_steps=100), 45)
+        100
+    """
+    per_epoch = -(-batches_per_epoch // config.grad_accum_steps)
+    total = config.epochs * per_epoch
+    return total if config.max_steps is None else min(total, config.max_steps)
+
+
 def check_run_length(
     config: TrainerConfig, schedule: AbstractSchedule, batches_per_epoch: int
 ) -> None:
     """Refuse a warmup longer than the whole run: nearly always a mix-up of units.
 
     The rule: with a :class:`~unitrain.schedules.Warmup` schedule and a known number of
-    updates ``T = epochs * ceil(batches_per_epoch / grad_accum_steps)``, ``T`` must be at
-    least ``warmup_steps``, or the learning rate never reaches its peak. A run that ends just
-    as the warmup does is allowed (a one-epoch smoke test of a recipe with a one-epoch
-    warmup). Nothing is checked when the number of batches is unknown (0).
+    updates ``T`` (:func:`run_updates`: ``epochs * ceil(batches_per_epoch /
+    grad_accum_steps)``, or ``max_steps`` if fewer), ``T`` must be at least ``warmup_steps``,
+    or the learning rate never reaches its peak. A run that ends just as the warmup does is
+    allowed (a one-epoch smoke test of a recipe with a one-epoch warmup). Nothing is checked
+    when the number of batches is unknown (0).
 
     Examples:
         >>> from unitrain.schedules import Constant, Warmup
@@ -169,11 +230,14 @@ def check_run_length(
     if not isinstance(schedule, Warmup) or not batches_per_epoch:
         return
     per_epoch = -(-batches_per_epoch // config.grad_accum_steps)
-    total = config.epochs * per_epoch
+    total = run_updates(config, batches_per_epoch)
     if total < schedule.warmup_steps:
+        length = f"{config.epochs} epochs x {per_epoch} updates"
+        if total < config.epochs * per_epoch:
+            length = f"max_steps={config.max_steps}"
         raise ConfigError(
             f"schedule: Warmup(warmup_steps={schedule.warmup_steps}) is longer than this whole "
-            f"run of {total} updates ({config.epochs} epochs x {per_epoch} updates); "
+            f"run of {total} updates ({length}); "
             "warmup_steps counts optimizer updates, not examples or epochs: shorten the warmup "
             "or train longer"
         )

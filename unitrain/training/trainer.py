@@ -191,12 +191,12 @@ class Trainer(FitLoop):
         resume: str | Path | None = None,
         archive_existing: bool = False,
     ) -> list[dict[str, Any]]:
-        """Train for ``config.epochs`` epochs; return one metrics dict per epoch.
+        """Train ``config.epochs`` epochs or ``max_steps`` updates; return one dict per epoch.
 
         Args:
             train_data: ``(inputs, targets)`` arrays, an :class:`~unitrain.data.ArrayLoader`,
                 or a re-iterable of batches.
-            val_data: the same kinds, evaluated after every ``val_every_n_epochs`` epochs.
+            val_data: the same kinds, validated by ``val_every_n_epochs`` or ``val_every_n_steps``.
             resume: ``"auto"`` (the newest valid checkpoint in ``config.checkpoint_dir`` if
                 there is one, else a fresh start: what a restarted job wants), ``"latest"``
                 (the same, but warns when there is none) or a checkpoint path; training
@@ -222,6 +222,7 @@ class Trainer(FitLoop):
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
+        self._check_validation_settings()
         self.stop_reason = None
         check_run_length(self.config, self.schedule, len(source))
         check_splittable(source, self.strategy.world_size)
@@ -276,24 +277,18 @@ class Trainer(FitLoop):
                 self.callbacks.load_state_dict(callback_states)
             except CheckpointError as error:
                 raise CheckpointError(f"{path}/trainer.json: {error}") from None
-            if self.state.stop_training or self.state.epoch >= self.config.epochs:
-                warnings.warn(
-                    f"the resumed run had already finished (epoch {self.state.epoch} of "
-                    f"{self.config.epochs}, stopped early: {self.state.stop_training}); nothing "
-                    "left to train. Raise epochs to train further (a run that stopped early "
-                    "keeps that decision: start a new run).",
-                    stacklevel=3,
-                )
-        while self.state.epoch < self.config.epochs and not self.state.stop_training:
+            if not self.training_left():
+                self._warn_finished()
+        while self.training_left():
             self._run_epoch(source, val_source)
         self.callbacks.call("on_train_end", self)
 
     def validate(self, data: Any) -> dict[str, float]:
-        """Evaluate on ``data`` in eval mode; metrics are prefixed ``val_``."""
+        """Evaluate on ``data`` (``config.val_batches`` batches at most); metrics ``val_*``."""
         return self._validate(self._source(data, "val_data", shuffle=False))
 
     def test(self, data: Any) -> dict[str, float]:
-        """Evaluate on held-out ``data``; metrics are prefixed ``test_``."""
+        """Evaluate on held-out ``data``, all of it; metrics are prefixed ``test_``."""
         source = self._source(data, "test_data", shuffle=False)
         results = evaluate(self.backend, self.strategy, self.metrics, source, "test_data")
         return {f"test_{k}": v for k, v in results.items()}
@@ -302,11 +297,11 @@ class Trainer(FitLoop):
         """The model's outputs (eval mode) for ``data``, as one numpy array.
 
         Args:
-            data: an inputs array (run in batches of ``config.batch_size``), ``(inputs,
+            data: an inputs array (run in batches of ``config.eval_batch_size``), ``(inputs,
                 targets)`` arrays, an :class:`~unitrain.data.ArrayLoader` or an iterable of
                 batches (targets are ignored).
         """
-        return _inference.predict(self.backend, data, self.config.batch_size)
+        return _inference.predict(self.backend, data, self.eval_batch_size)
 
     def load_weights(self, path: str | Path) -> None:
         """Put a checkpoint's model tensors (parameters and state) into this Trainer's model.
@@ -376,6 +371,7 @@ class Trainer(FitLoop):
             lr_factor=self.lr_factor,
             skipped_steps=self.skipped_steps,
             history=list(self.history),
+            step_history=list(self.step_history),
         )
 
     def restore_run_state(self, state: RunState) -> None:
@@ -387,7 +383,7 @@ class Trainer(FitLoop):
         """
         self.state = dataclasses.replace(state.position)
         self.lr_factor = state.lr_factor
-        self.history = list(state.history)
+        self.history, self.step_history = list(state.history), list(state.step_history)
         main = self.strategy.is_main
         loss_sum, loss_count = (state.loss_sum, state.loss_count) if main else (0.0, 0)
         self._start_counters(loss_sum, loss_count, state.skipped_steps)
@@ -399,9 +395,10 @@ class Trainer(FitLoop):
 
         Inputs must fit the model; labels (cross-entropy) or targets (mse) its outputs, whose
         shape comes from the model's description. A native model has none: its backend
-        checks what it can.
+        checks what it can. Arrays are batched by ``batch_size`` or ``eval_batch_size``.
         """
-        source = as_batch_source(data, self.config.batch_size, self.config.seed, shuffle, label)
+        size = self.config.batch_size if label == "train_data" else self.eval_batch_size
+        source = as_batch_source(data, size, self.config.seed, shuffle, label)
         if isinstance(self.model, AbstractLayer):
             # An MLP keeps its own message about the feature size.
             in_features = self.model.in_features if isinstance(self.model, MLP) else None

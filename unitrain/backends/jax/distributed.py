@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from unitrain import ConfigError
-from unitrain.backends.strategy import worker_shard
+from unitrain.backends.common import SummingWorkers
+from unitrain.backends.strategy import SingleProcess
 
 __all__ = [
     "JaxDistributed",
@@ -41,7 +42,6 @@ __all__ = [
     "worker_environment",
 ]
 
-Batch = tuple[Any, Any]
 _COORDINATOR, _RANK, _WORKERS = "UNITRAIN_JAX_COORDINATOR", "UNITRAIN_RANK", "UNITRAIN_WORKERS"
 _joined: tuple[int, int] | None = None
 
@@ -70,7 +70,7 @@ def join_launched_workers() -> tuple[int, int] | None:
     return _joined
 
 
-class JaxDistributed:
+class JaxDistributed(SummingWorkers):
     """One worker of a ``jax.distributed`` job; see the module doc."""
 
     def __init__(self, world_size: int, rank: int) -> None:
@@ -81,7 +81,7 @@ class JaxDistributed:
             raise ConfigError(
                 f"jax.distributed has {jax.process_count()} processes, expected {world_size}"
             )
-        self.world_size, self.rank = world_size, rank
+        super().__init__(world_size, rank)
         # One device per worker, in process order, even when a worker has several.
         first: dict[int, Any] = {}
         for device in jax.devices():
@@ -99,19 +99,6 @@ class JaxDistributed:
         """The launched worker this process is, or None."""
         joined = join_launched_workers()
         return None if joined is None or joined[1] == 1 else cls(joined[1], joined[0])
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 writes."""
-        return self.rank == 0
-
-    def setup(self, backend: Any) -> None:
-        """Have the backend sum its gradients over the workers before every update."""
-        backend.distribute(self.sum_gradients, self.world_size, self.rank)
-
-    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
-        """This worker's slice; its loss weighted by its share, as the gradients are summed."""
-        return worker_shard(batch, self.world_size, self.rank)
 
     def sum_gradients(self, grads: Any) -> Any:
         """Every worker's gradients summed, on this worker's device (one collective)."""
@@ -168,7 +155,7 @@ def local_devices_environment(devices: int) -> dict[str, str]:
     return {"XLA_FLAGS": " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])}
 
 
-class LocalDevices:
+class LocalDevices(SingleProcess):
     """One process training on several local devices through ``jax.sharding``.
 
     The state stays replicated on every device and each batch is split over them along its
@@ -179,10 +166,6 @@ class LocalDevices:
     Args:
         devices: how many local devices to use (the first ones of ``jax.local_devices()``).
     """
-
-    world_size = 1
-    rank = 0
-    is_main = True
 
     def __init__(self, devices: int) -> None:
         self.devices = devices
@@ -199,14 +182,3 @@ class LocalDevices:
                 "before JAX starts"
             )
         backend.spread_over(found[: self.devices])
-
-    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
-        """The whole batch: the backend splits it over its devices."""
-        return [(batch, 1.0)]
-
-    def all_sum(self, values: Sequence[float]) -> list[float]:
-        """The values themselves (one process)."""
-        return [float(v) for v in values]
-
-    def barrier(self) -> None:
-        """Nothing to wait for."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from unitrain.backends.common import one_ahead
 from unitrain.backends.jax.core import host_batch
 
 __all__ = ["prefetch"]
@@ -39,10 +40,4 @@ def _ahead(
         x, y = batch
         return jax.device_put(host_batch(x, y, tokens, classification), device)
 
-    pending = next(batches, None)
-    staged = None if pending is None else put(pending)
-    while staged is not None:
-        current = staged
-        upcoming = next(batches, None)
-        staged = None if upcoming is None else put(upcoming)
-        yield current
+    return one_ahead(batches, put)

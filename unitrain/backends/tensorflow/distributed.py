@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from unitrain import ConfigError
-from unitrain.backends.strategy import worker_shard
+from unitrain.backends.common import SummingWorkers
+from unitrain.backends.strategy import SingleProcess
 
 __all__ = [
     "LocalDevices",
@@ -46,7 +47,6 @@ __all__ = [
     "worker_environment",
 ]
 
-Batch = tuple[Any, Any]
 _strategy: Any = None
 
 
@@ -83,11 +83,12 @@ def join_launched_workers() -> Any:
     return _strategy
 
 
-class TensorFlowDistributed:
+class TensorFlowDistributed(SummingWorkers):
     """One worker of a MultiWorkerMirroredStrategy job; see the module doc."""
 
     def __init__(self, strategy: Any, world_size: int, rank: int) -> None:
-        self._strategy, self.world_size, self.rank = strategy, world_size, rank
+        super().__init__(world_size, rank)
+        self._strategy = strategy
         self._compiled: dict[tuple[Any, ...], Any] = {}  # sum_gradients, by gradient specs
 
     @classmethod
@@ -96,19 +97,6 @@ class TensorFlowDistributed:
         place = _cluster()
         strategy = join_launched_workers()
         return None if place is None else cls(strategy, place[1], place[0])
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 (``TF_CONFIG`` task index 0) writes."""
-        return self.rank == 0
-
-    def setup(self, backend: Any) -> None:
-        """Have the backend sum its gradients over the workers before every update."""
-        backend.distribute(self.sum_gradients, self.world_size, self.rank)
-
-    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
-        """This worker's slice; its loss scaled by its share of the global batch."""
-        return worker_shard(batch, self.world_size, self.rank)
 
     def _sum(self, vector: Any) -> Any:
         import tensorflow as tf
@@ -159,7 +147,7 @@ def local_devices_environment(devices: int) -> dict[str, str]:
     return {}
 
 
-class LocalDevices:
+class LocalDevices(SingleProcess):
     """One process training on several local devices through ``tf.distribute.MirroredStrategy``.
 
     The TensorFlow mirror of ``unitrain.backends.jax.LocalDevices``: to the Trainer it is one
@@ -177,10 +165,6 @@ class LocalDevices:
         ConfigError: TensorFlow started before the CPU could be split and has fewer logical
             CPUs (and GPUs) than ``devices``.
     """
-
-    world_size = 1
-    rank = 0
-    is_main = True
 
     def __init__(self, devices: int) -> None:
         import tensorflow as tf
@@ -215,17 +199,6 @@ class LocalDevices:
             )
         names = [device.name for device in found[: self.devices]]
         backend.spread_over(tf.distribute.MirroredStrategy(names))
-
-    def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
-        """The whole batch: the backend splits it over its devices."""
-        return [(batch, 1.0)]
-
-    def all_sum(self, values: Sequence[float]) -> list[float]:
-        """The values themselves (one process)."""
-        return [float(v) for v in values]
-
-    def barrier(self) -> None:
-        """Nothing to wait for."""
 
 
 def _split_cpu(devices: int) -> bool:

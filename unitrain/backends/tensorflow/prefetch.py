@@ -14,6 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from unitrain.backends.common import one_ahead
+
 __all__ = ["prefetch"]
 
 
@@ -38,10 +40,4 @@ def _ahead(
                 y = tf.cast(y, tf.int64)
             return x, tf.identity(y)
 
-    pending = next(batches, None)
-    staged = None if pending is None else put(pending)
-    while staged is not None:
-        current = staged
-        upcoming = next(batches, None)
-        staged = None if upcoming is None else put(upcoming)
-        yield current
+    return one_ahead(batches, put)

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from unitrain.backends.common import one_ahead
+
 __all__ = ["prefetch"]
 
 
@@ -53,12 +55,7 @@ def _ahead(
             ready.record(side)
         return x, y, ready
 
-    pending = next(batches, None)
-    staged = None if pending is None else stage(pending)
-    while staged is not None:
-        x, y, ready = staged
-        upcoming = next(batches, None)
-        staged = None if upcoming is None else stage(upcoming)  # its copy overlaps this step
+    for x, y, ready in one_ahead(batches, stage):  # the next copy overlaps this step
         compute = torch.cuda.current_stream(device)
         compute.wait_event(ready)
         for tensor in (x, y):

@@ -1,0 +1,16 @@
+"""What the built-in adapters share because their logic is the same, written once.
+
+- :func:`~unitrain.backends.common.staging.one_ahead`: batches staged on the device one
+  ahead of the step that uses them (each adapter says how to stage one);
+- :class:`~unitrain.backends.common.workers.SummingWorkers`: the strategy of a launched
+  worker on an engine whose gradient reduction sums (``jax.distributed``, TensorFlow's
+  MultiWorkerMirroredStrategy); each adapter says how to sum.
+
+Third-party adapters may use them too: like :mod:`unitrain.backends.protocol`, this package
+is part of the adapter-facing surface.
+"""
+
+from unitrain.backends.common.staging import one_ahead
+from unitrain.backends.common.workers import SummingWorkers
+
+__all__ = ["SummingWorkers", "one_ahead"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import final
 
 import numpy as np
@@ -164,19 +165,27 @@ def test_the_old_strings_are_the_default_losses():
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ({"type": "hinge"}, "unknown loss type 'hinge'; known types: binary_cross_entropy"),
+        (
+            {"type": "hinge"},
+            "unknown loss type 'hinge'; known types: binary_cross_entropy_with_logits, "
+            "cross_entropy, huber, kl_divergence, mse",
+        ),
         ({"type": "huber", "beta": 1.0}, "loss type 'huber' has no field(s) beta"),
         ({"type": "huber", "delta": 0}, "Huber: delta must be a finite number > 0"),
-        ({"type": "cross_entropy", "label_smoothing": 2}, "label_smoothing must be in [0, 1]"),
+        (
+            {"type": "cross_entropy", "label_smoothing": 2},
+            "CrossEntropy: label_smoothing must be in [0, 1], got label_smoothing=2",
+        ),
         ({"type": "cross_entropy", "class_weights": []}, "class_weights must be a non-empty"),
         ({"type": "cross_entropy", "ignore_index": 1.5}, "ignore_index must be an int"),
     ],
 )
 def test_a_bad_loss_in_a_recipe_is_refused_by_name(bad, message):
     data = loads(recipe_to_toml(Recipe(MLP((64, 10)), Digits())))
-    with pytest.raises(ConfigError, match=None) as caught:
+    with pytest.raises(ConfigError) as caught:
         recipe_from_dict({**data, "loss": bad})
     assert message in str(caught.value)
+    _documented(message)
 
 
 def _identity(name: str, loss: losses.AbstractLoss, dtype: str = "float32"):
@@ -190,21 +199,34 @@ def _identity(name: str, loss: losses.AbstractLoss, dtype: str = "float32"):
     return backend
 
 
+ERRORS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def _documented(message: str) -> None:
+    """The message is in docs/errors.md's catalogue, as it is raised."""
+    assert message in ERRORS_PAGE.read_text(encoding="utf-8"), message
+
+
 def test_class_weights_of_the_wrong_length_are_a_clear_error():
     loss = losses.CrossEntropy(class_weights=(1.0, 2.0))
     with pytest.raises(ConfigError, match="class_weights has 2 entries, but the outputs have 3"):
         loss.reference(LOGITS, np.array([0, 1, 2, 0]))
+    with pytest.raises(ConfigError) as caught:  # the same on a backend, before any update
+        _identity("numpy", loss).forward((LOGITS, np.array([0, 1, 2, 0])))
+    _documented(str(caught.value))
 
 
 def test_float_targets_with_an_ignore_index_are_a_clear_error():
     backend = _identity("numpy", losses.CrossEntropy(ignore_index=-100))
-    with pytest.raises(DataError, match=r"integer class labels .*ignore_index=-100"):
+    with pytest.raises(DataError, match=r"integer class labels .*ignore_index=-100") as caught:
         backend.evaluate((LOGITS, np.array([0.0, 1.0, 2.0, -100.0])))
+    _documented(str(caught.value))
 
 
 def test_the_numpy_backend_refuses_a_native_callable():
-    with pytest.raises(ConfigError, match=r"computes losses written in unitrain\.ops"):
+    with pytest.raises(ConfigError, match=r"computes losses written in unitrain\.ops") as caught:
         get_backend("numpy")(MLP((3, 3)), BackendOptions(loss=lambda o, t: o))
+    _documented(str(caught.value).partition("<function")[0])
 
 
 @pytest.mark.parametrize("name", backends("torch", "jax", "tensorflow"))

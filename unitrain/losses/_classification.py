@@ -58,11 +58,14 @@ class CrossEntropy(AbstractLoss, type_name="cross_entropy"):
         smoothing = self.label_smoothing
         if not _real(smoothing) or not 0.0 <= smoothing <= 1.0:
             raise ConfigError(
-                f"CrossEntropy: label_smoothing must be in [0, 1], got {smoothing=!r}"
+                "CrossEntropy: label_smoothing must be in [0, 1], got "
+                f"label_smoothing={smoothing!r}"
             )
         index = self.ignore_index
         if index is not None and not (isinstance(index, numbers.Integral) and _plain(index)):
-            raise ConfigError(f"CrossEntropy: ignore_index must be an int or None, got {index=!r}")
+            raise ConfigError(
+                f"CrossEntropy: ignore_index must be an int or None, got ignore_index={index!r}"
+            )
         weights = self.class_weights
         if weights is not None:
             values = tuple(weights) if isinstance(weights, list | tuple) else None

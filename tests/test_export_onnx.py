@@ -34,6 +34,7 @@ from unitrain.export import portable_weights
 from unitrain.models import (
     AbstractLayer,
     Conv2d,
+    ConvTranspose2d,
     Linear,
     Scope,
     Sequential,
@@ -228,9 +229,10 @@ def test_a_layer_of_ones_own_is_exported_op_by_op(tmp_path):
 
 #: Built-in layers whose forwards the op-by-op path must also export: together they use
 #: every group of mapped ops (normalisation, attention with rotary positions, indexing,
-#: gathering, broadcasting, concatenation).
+#: gathering, broadcasting, concatenation, convolution and pooling).
 TRACED = ("batch_norm", "group_norm", "rms_norm", "embedding", "attention_rotary")
 TRACED += ("transformer_post_ln", "upsample", "concatenate", "sinusoidal_positions")
+TRACED += ("conv_same_dilated_grouped", "conv1d", "max_pool_overlap", "avg_pool", "cnn")
 
 
 @pytest.mark.parametrize(
@@ -248,9 +250,9 @@ def test_an_op_without_a_mapping_is_refused_by_name(tmp_path, monkeypatch):
         export_onnx(trainer, tmp_path / "never.onnx")
     assert not (tmp_path / "never.onnx").exists()
     monkeypatch.setattr(onnx_export, "CONVERTERS", {})
-    with pytest.raises(ConfigError, match=r"Conv2d \(at 0\) uses unitrain.ops.conv,"):
-        conv = _reference_trainer(Sequential([Conv2d(1, 1, 1)]))
-        export_onnx(conv, tmp_path / "never.onnx", input_shape=(3, 3, 1))
+    up = _reference_trainer(Sequential([ConvTranspose2d(1, 1, 2)]))
+    with pytest.raises(ConfigError, match=r"ConvTranspose2d \(at 0\) uses unitrain.ops.conv_"):
+        export_onnx(up, tmp_path / "never.onnx", input_shape=(3, 3, 1))
 
 
 def test_the_input_shape_and_the_opset_are_checked(tmp_path):
@@ -321,9 +323,8 @@ DOCUMENTED = {
     "no_mapping": (
         _no_mapping,
         "export_onnx: OneHotArgmax (at 1) uses unitrain.ops.argmax, which has no ONNX mapping; "
-        "write the layer with mapped ops (elementwise arithmetic and functions, reductions, "
-        "matmul, linear, reshape, transpose, concat, softmax, layer_norm, slicing) or compose "
-        "it from built-in layers",
+        "write the layer with the ops that have one (docs/export.md lists them) or compose it "
+        "from built-in layers",
     ),
     "no_input_shape": (
         _no_input_shape,

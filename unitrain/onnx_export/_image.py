@@ -15,10 +15,10 @@ from unitrain.models import (
 from unitrain.models._base import as_pair
 from unitrain.onnx_export._graph import Converter, Graph, Value
 
-__all__ = ["CONVERTERS"]
+__all__ = ["CONVERTERS", "same_padding"]
 
 
-def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
+def same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
     """TensorFlow's "same" padding of one axis, the odd one after, as the layer computes it."""
     out = -(-size // stride)
     total = max((out - 1) * stride + dilation * (kernel - 1) + 1 - size, 0)
@@ -37,7 +37,7 @@ def _conv(graph: Graph, layer: Conv2d | Conv1d, prefix: str, x: Value) -> Value:
     )
     if layer.padding == "same":
         pairs = [
-            _same_padding(size, k, s, d)
+            same_padding(size, k, s, d)
             for size, k, s, d in zip(x.shape[:-1], kernel_size, stride, dilation)
         ]
     else:

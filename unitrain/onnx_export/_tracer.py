@@ -24,11 +24,12 @@ from unitrain.onnx_export._symbolic import (
     numpy_dtype,
     swap_last,
 )
+from unitrain.onnx_export._tracer_image import ImageOps
 
 __all__ = ["Tracer"]
 
 
-class Tracer:
+class Tracer(ImageOps):
     """The ops module while a layer's forward is traced: one method per mapped op."""
 
     def __init__(self, graph: Graph, layer: AbstractLayer, prefix: str) -> None:
@@ -39,9 +40,8 @@ class Tracer:
             raise AttributeError(name)
         raise ConfigError(
             f"export_onnx: {type(self.layer).__name__} (at {self.prefix or 'the top'}) uses "
-            f"unitrain.ops.{name}, which has no ONNX mapping; write the layer with mapped "
-            "ops (elementwise arithmetic and functions, reductions, matmul, linear, reshape, "
-            "transpose, concat, softmax, layer_norm, slicing) or compose it from built-in layers"
+            f"unitrain.ops.{name}, which has no ONNX mapping; write the layer with the ops "
+            "that have one (docs/export.md lists them) or compose it from built-in layers"
         )
 
     # -- making tensors --------------------------------------------------------------------

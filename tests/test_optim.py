@@ -187,7 +187,7 @@ def test_optimizer_round_trips_through_dict(name):
     assert optim.optimizer_from_dict(spec.to_dict()) == spec
     assert optim.optimizer_from_dict(json.loads(spec.to_json())) == spec
     with pytest.raises(ConfigError, match="unknown optimizer"):
-        optim.optimizer_from_dict({"type": "adagrad"})
+        optim.optimizer_from_dict({"type": "no_such_optimizer"})
 
 
 #: ``to_dict`` output as checkpoints and recipes stored it before optimizers had a base class.

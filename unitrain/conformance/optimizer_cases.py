@@ -9,6 +9,11 @@ configurations, under the same names), so a new optimizer is one file in
 
 Ranges are plain data: ``(low, high)`` draws floats uniformly, :func:`log_range` draws them
 log-uniformly, :data:`EITHER` draws a bool, and any other value is fixed.
+
+Rows with parameter groups select parameters by name patterns that every MLP matches (the kit's
+linear probe, ``layers.0.weight`` and ``layers.0.bias``, and the tests' deeper ones), so every
+path an adapter has (a native form with groups of its own, or the rule in ops run per group)
+meets the reference. Layer types are resolved in the core, before an adapter sees a group.
 """
 
 from __future__ import annotations
@@ -87,6 +92,11 @@ _DECAY = log_range(1e-5, 1e-2)
 _BETAS = {"beta1": (0.8, 0.95), "beta2": (0.9, 0.9999)}
 _EPS = log_range(1e-8, 1e-6)
 _ALPHA = (0.9, 0.999)
+# Adadelta's step is sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g, about sqrt(eps) at
+# first whatever the gradient, so its LR is of order one (torch's default is 1.0). Two decades:
+# hypothesis draws a trajectory's lowest LR from the first and its highest from the last.
+_ADADELTA_LR = (1e-2, 1.0)
+_ADAGRAD_LR = (1e-3, 1e-1)
 
 
 def _case(
@@ -241,5 +251,58 @@ OPTIMIZER_CASES: dict[str, OptimizerCase] = {
         _ADAM_GRAD,
         {"weight_decay": log_range(1e-2, 1.0)},
         example(19, _LION_LR, 0.1),
+    ),
+    "adadelta": _case(
+        optim.Adadelta(),
+        "Adadelta (eps inside both square roots, the step's own average updated after it)",
+        "eps added outside the roots, or acc_delta updated before the step that reads it",
+        _ADADELTA_LR,
+        _ADAM_GRAD,
+        {"rho": (0.8, 0.99), "eps": log_range(1e-7, 1e-5), "weight_decay": _DECAY},
+        example(20, _ADADELTA_LR, 0.1),
+        example(21, _ADADELTA_LR, 1.0, rho=0.95, weight_decay=1e-3),
+    ),
+    "adagrad": _case(
+        optim.Adagrad(),
+        "Adagrad (eps added after the square root of the sum, torch's definition)",
+        "eps inside the square root or the sum started at 0.1 (optax, Keras), lr_decay ignored",
+        _ADAGRAD_LR,
+        _ADAM_GRAD,
+        {
+            "lr_decay": log_range(1e-4, 1e-2),
+            "initial_accumulator_value": (0.0, 0.5),
+            "weight_decay": _DECAY,
+        },
+        example(22, _ADAGRAD_LR, 0.1),
+        example(23, _ADAGRAD_LR, 1e-3, eps=1e-6, lr_decay=0.01, initial_accumulator_value=0.1),
+    ),
+    "sgd_groups": _case(
+        optim.SGD(
+            momentum=0.9,
+            weight_decay=1e-2,
+            groups=(optim.Group("*.bias", lr_scale=3.0, momentum=0.5, weight_decay=0.0),),
+        ),
+        "SGD with a parameter group (the bias at 3x the LR, its own momentum, no decay)",
+        "parameter groups ignored, or a group's LR scale or options applied to every parameter",
+        _SGD_LR,
+        _SGD_GRAD,
+        {"momentum": _MOMENTUM, "nesterov": EITHER},
+        example(24, _SGD_LR, 1.0),
+    ),
+    "adamw_groups": _case(
+        optim.AdamW(
+            weight_decay=0.1,
+            groups=(
+                optim.Group("*.bias", weight_decay=0.0),
+                optim.Group("layers.0.*", lr_scale=2.0, beta2=0.95),
+            ),
+        ),
+        "AdamW with nanoGPT-style groups (no decay on biases, the first layer's other "
+        "parameters at 2x the LR)",
+        "groups ignored, or the last matching group taking a parameter instead of the first",
+        _ADAM_LR,
+        _ADAM_GRAD,
+        {"eps": _EPS, "weight_decay": (1e-3, 0.1), **_BETAS},
+        example(25, _ADAM_LR, 0.1),
     ),
 }

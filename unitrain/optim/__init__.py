@@ -17,10 +17,16 @@ SGD          ``momentum`` (only when ``momentum > 0``)
 Adam/AdamW   ``exp_avg``, ``exp_avg_sq``
 RMSprop      ``square_avg``; ``momentum`` (when ``momentum > 0``); ``grad_avg`` (centered)
 Lion         ``exp_avg``
+Adadelta     ``square_avg``, ``acc_delta``
+Adagrad      ``sum``
 ==========  ==========================================================
 
 Every slot starts at zero, which gives exactly PyTorch's "buffer = gradient on the first
 step", so there is no special first-step state to carry.
+
+Options may differ per group of parameters, chosen by name pattern or layer type
+(:class:`Group`): the first group that selects a parameter gives its options, with a
+learning-rate multiplier; the state layout is the same for every group.
 
 Examples:
     >>> from unitrain import optim
@@ -31,6 +37,8 @@ Examples:
     True
 """
 
+from unitrain.optim._adadelta import Adadelta
+from unitrain.optim._adagrad import Adagrad
 from unitrain.optim._adam import AbstractAdam, Adam, AdamW
 from unitrain.optim._base import (
     CLIP_EPSILON,
@@ -45,6 +53,7 @@ from unitrain.optim._base import (
     optimizer_types,
     written_in_ops,
 )
+from unitrain.optim._groups import Group, ParameterGroup, bind_options, for_model, parameter_groups
 from unitrain.optim._lion import Lion
 from unitrain.optim._rmsprop import RMSprop
 from unitrain.optim._sgd import SGD
@@ -57,18 +66,25 @@ __all__ = [
     "SGD",
     "AbstractAdam",
     "AbstractOptimizer",
+    "Adadelta",
+    "Adagrad",
     "Adam",
     "AdamW",
+    "Group",
     "Lion",
     "Optimizer",
+    "ParameterGroup",
     "RMSprop",
     "apply_update",
     "bias_correction",
+    "bind_options",
     "clip_by_global_norm",
+    "for_model",
     "global_norm",
     "implementation",
     "init_state",
     "optimizer_from_dict",
     "optimizer_types",
+    "parameter_groups",
     "written_in_ops",
 ]

@@ -19,6 +19,7 @@ from unitrain.optim._base import (
     check_non_negative,
     set_fields,
 )
+from unitrain.optim._groups import Group, checked_groups
 
 __all__ = ["AbstractAdam", "Adam", "AdamW"]
 
@@ -46,6 +47,7 @@ class AbstractAdam(AbstractOptimizer):
             eps=check_non_negative(name, "eps", self.eps),
             weight_decay=check_non_negative(name, "weight_decay", self.weight_decay),
         )
+        set_fields(self, groups=checked_groups(self, self.groups))
 
     @property
     def state_slots(self) -> tuple[str, ...]:
@@ -80,6 +82,7 @@ class Adam(AbstractAdam, type_name="adam"):
         beta2: decay of the second moment, in [0, 1).
         eps: added to the denominator (torch's default 1e-8; Keras uses 1e-7 elsewhere).
         weight_decay: L2 penalty added to the gradient.
+        groups: options per group of parameters (:class:`~unitrain.optim.Group`).
 
     Examples:
         >>> Adam().state_slots
@@ -90,6 +93,7 @@ class Adam(AbstractAdam, type_name="adam"):
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    groups: tuple[Group, ...] = ()
     decoupled: ClassVar[bool] = False
 
 
@@ -106,6 +110,7 @@ class AdamW(AbstractAdam, type_name="adamw"):
         beta2: decay of the second moment, in [0, 1).
         eps: added to the denominator.
         weight_decay: decoupled decay factor (torch's default 0.01).
+        groups: options per group of parameters (:class:`~unitrain.optim.Group`).
 
     Examples:
         >>> AdamW().weight_decay
@@ -116,4 +121,5 @@ class AdamW(AbstractAdam, type_name="adamw"):
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
+    groups: tuple[Group, ...] = ()
     decoupled: ClassVar[bool] = True

@@ -24,6 +24,7 @@ from unitrain import ops
 from unitrain._errors import ConfigError
 from unitrain._fields import TypeRegistry
 from unitrain.ops import Array
+from unitrain.optim._groups import Group, parameter_groups
 
 __all__ = [
     "CLIP_EPSILON",
@@ -61,6 +62,9 @@ class AbstractOptimizer(abc.ABC):
     """
 
     type_name: ClassVar[str]
+    #: Options per group of parameters (:class:`~unitrain.optim.Group`); a subclass takes them
+    #: with a field ``groups: tuple[Group, ...] = ()`` checked by :func:`checked_groups`.
+    groups: tuple[Group, ...] = ()
 
     def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,11 +128,17 @@ class AbstractOptimizer(abc.ABC):
             return self.update(param, grad, slots, lr, step)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"type": type_name, **hyperparameters}`` with JSON types only."""
+        """Return ``{"type": type_name, **hyperparameters}`` with JSON types only.
+
+        ``groups`` appears only when there are some, so a description stored before groups
+        existed reads back equal.
+        """
         out: dict[str, Any] = {"type": self.type_name}
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            if field.init:
+            if field.init and field.name != "groups":
                 out[field.name] = getattr(self, field.name)
+        if self.groups:
+            out["groups"] = [group.to_dict() for group in self.groups]
         return out
 
     def to_json(self) -> str:
@@ -161,7 +171,7 @@ def optimizer_from_dict(data: Mapping[str, Any]) -> AbstractOptimizer:
     Examples:
         >>> from unitrain.optim import SGD
         >>> optimizer_from_dict(SGD(momentum=0.5).to_dict())
-        SGD(momentum=0.5, nesterov=False, weight_decay=0.0)
+        SGD(momentum=0.5, nesterov=False, weight_decay=0.0, groups=())
     """
     cls, fields = _REGISTRY.lookup(data, "optimizer_from_dict")
     return cls(**fields)
@@ -313,15 +323,21 @@ def apply_update(
     """Apply one update at ``lr`` to ``params`` and ``state`` in place (the reference rule).
 
     Counts the update in ``state["step"]`` and runs the optimizer's
-    :meth:`~AbstractOptimizer.reference_update` on every parameter.
+    :meth:`~AbstractOptimizer.reference_update` on every parameter, with its group's options
+    and ``lr`` times its group's ``lr_scale`` (:func:`parameter_groups`; layer types in the
+    groups must have been resolved by :func:`for_model`).
     """
     step = int(state["step"]) + 1
     state["step"] = np.asarray(step, np.int64)
-    for name, param in params.items():
-        slots = {slot: state[f"{name}.{slot}"] for slot in optimizer.state_slots}
-        params[name], updated = optimizer.reference_update(param, grads[name], slots, lr, step)
-        for slot, value in updated.items():
-            state[f"{name}.{slot}"] = value
+    for group in parameter_groups(optimizer, params):
+        rule, group_lr = group.optimizer, lr * group.lr_scale
+        for name in group.names:
+            slots = {slot: state[f"{name}.{slot}"] for slot in optimizer.state_slots}
+            params[name], updated = rule.reference_update(
+                params[name], grads[name], slots, group_lr, step
+            )
+            for slot, value in updated.items():
+                state[f"{name}.{slot}"] = value
 
 
 # Hyperparameter checks, shared by the optimizer families. Each raises ConfigError naming the

@@ -9,6 +9,7 @@ from typing import Any, final
 from unitrain import ops
 from unitrain.ops import Array
 from unitrain.optim._base import AbstractOptimizer, check_fraction, check_non_negative, set_fields
+from unitrain.optim._groups import Group, checked_groups
 
 __all__ = ["Lion"]
 
@@ -30,6 +31,7 @@ class Lion(AbstractOptimizer, type_name="lion"):
         beta2: decay of the momentum, in [0, 1).
         weight_decay: decoupled decay factor. 0 by default, as in Keras; optax's default is
             1e-3.
+        groups: options per group of parameters (:class:`~unitrain.optim.Group`).
 
     Examples:
         >>> Lion().state_slots
@@ -39,6 +41,7 @@ class Lion(AbstractOptimizer, type_name="lion"):
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.0
+    groups: tuple[Group, ...] = ()
 
     def __post_init__(self) -> None:
         set_fields(
@@ -47,6 +50,7 @@ class Lion(AbstractOptimizer, type_name="lion"):
             beta2=check_fraction("Lion", "beta2", self.beta2),
             weight_decay=check_non_negative("Lion", "weight_decay", self.weight_decay),
         )
+        set_fields(self, groups=checked_groups(self, self.groups))
 
     @property
     def state_slots(self) -> tuple[str, ...]:

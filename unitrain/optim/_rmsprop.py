@@ -15,6 +15,7 @@ from unitrain.optim._base import (
     check_non_negative,
     set_fields,
 )
+from unitrain.optim._groups import Group, checked_groups
 
 __all__ = ["RMSprop"]
 
@@ -36,6 +37,7 @@ class RMSprop(AbstractOptimizer, type_name="rmsprop"):
         centered: divide by the root of the variance (``s - a^2``) instead of ``s``.
         momentum: momentum factor in [0, 1) applied to the normalised step.
         weight_decay: L2 penalty added to the gradient (coupled, as in torch).
+        groups: options per group of parameters (:class:`~unitrain.optim.Group`).
 
     Examples:
         >>> RMSprop().state_slots
@@ -49,6 +51,7 @@ class RMSprop(AbstractOptimizer, type_name="rmsprop"):
     centered: bool = False
     momentum: float = 0.0
     weight_decay: float = 0.0
+    groups: tuple[Group, ...] = ()
 
     def __post_init__(self) -> None:
         set_fields(
@@ -59,6 +62,7 @@ class RMSprop(AbstractOptimizer, type_name="rmsprop"):
             momentum=check_fraction("RMSprop", "momentum", self.momentum),
             weight_decay=check_non_negative("RMSprop", "weight_decay", self.weight_decay),
         )
+        set_fields(self, groups=checked_groups(self, self.groups))
 
     @property
     def state_slots(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from unitrain.optim._base import (
     check_non_negative,
     set_fields,
 )
+from unitrain.optim._groups import Group, checked_groups
 
 __all__ = ["SGD"]
 
@@ -32,6 +33,7 @@ class SGD(AbstractOptimizer, type_name="sgd"):
         momentum: momentum factor in [0, 1).
         nesterov: use Nesterov momentum (needs ``momentum > 0``).
         weight_decay: L2 penalty added to the gradient (coupled, as in torch, not Keras).
+        groups: options per group of parameters (:class:`~unitrain.optim.Group`).
 
     Examples:
         >>> SGD(momentum=0.9, nesterov=True).state_slots
@@ -43,6 +45,7 @@ class SGD(AbstractOptimizer, type_name="sgd"):
     momentum: float = 0.0
     nesterov: bool = False
     weight_decay: float = 0.0
+    groups: tuple[Group, ...] = ()
 
     def __post_init__(self) -> None:
         set_fields(
@@ -53,6 +56,7 @@ class SGD(AbstractOptimizer, type_name="sgd"):
         )
         if self.nesterov and self.momentum == 0:
             raise ConfigError("SGD: nesterov=True needs momentum > 0, got momentum=0")
+        set_fields(self, groups=checked_groups(self, self.groups))
 
     @property
     def state_slots(self) -> tuple[str, ...]:

@@ -7,6 +7,10 @@ the rule computes Adam's bias corrections on the device (``-expm1(t * log(beta))
 step needs the host. SGD alone keeps optax's own parts, whose ``trace`` is torch's
 ``b = mu * b + g`` (and ``g + mu * b`` for Nesterov), the rule's arithmetic exactly.
 
+Parameter groups (:class:`unitrain.optim.Group`) run in ops: each leaf takes its group's
+options and learning rate, found by its canonical name when the update is traced, so they
+cost nothing per step. optax's SGD, which knows no groups, steps aside for them.
+
 :func:`build_optimizer` returns a function of the learning rate, which the jitted update
 calls with its traced ``lr`` argument: a new learning rate every step never recompiles, and
 the optimizer state holds only the moment buffers and the count (no learning-rate leaves, as
@@ -24,6 +28,7 @@ import optax
 
 from unitrain import ops, optim
 from unitrain.backends.jax import ops as jax_ops
+from unitrain.backends.jax.model import flatten_params
 
 __all__ = [
     "OPTIMIZERS",
@@ -54,8 +59,8 @@ class InOps(NamedTuple):
 
 
 def in_ops(spec: optim.AbstractOptimizer) -> Callable[[Any], InOps]:
-    """``spec``'s own :meth:`~unitrain.optim.AbstractOptimizer.update`, leaf by leaf, as a
-    function of the learning rate."""
+    """``spec``'s own :meth:`~unitrain.optim.AbstractOptimizer.update`, leaf by leaf (each with
+    its group's options and learning rate), as a function of the learning rate."""
 
     def init(params: Any) -> InOpsState:
         slots = {slot: jax.tree.map(jnp.zeros_like, params) for slot in spec.state_slots}
@@ -67,21 +72,39 @@ def in_ops(spec: optim.AbstractOptimizer) -> Callable[[Any], InOps]:
             leaves, tree = jax.tree.flatten(params)
             grad_leaves = jax.tree.leaves(grads)  # the same structure, so the same order
             slot_leaves = {slot: jax.tree.leaves(v) for slot, v in state.slots.items()}
-            new_leaves: list[Any] = []
-            new_slots: dict[str, list[Any]] = {slot: [] for slot in state.slots}
+            new_leaves: list[Any] = list(leaves)
+            new_slots = {slot: list(values) for slot, values in slot_leaves.items()}
             with ops.using(jax_ops):
-                for index, (p, g) in enumerate(zip(leaves, grad_leaves, strict=True)):
-                    mine = {slot: values[index] for slot, values in slot_leaves.items()}
-                    new_p, updated = spec.update(p, g, mine, learning_rate, count)
-                    new_leaves.append(new_p.astype(p.dtype))
-                    for slot, value in updated.items():
-                        new_slots[slot].append(value.astype(p.dtype))
+                for rule, scale, indices in _grouped(spec, params):
+                    lr = learning_rate if scale == 1.0 else learning_rate * scale
+                    for index in indices:
+                        p, g = leaves[index], grad_leaves[index]
+                        mine = {slot: values[index] for slot, values in slot_leaves.items()}
+                        new_p, updated = rule.update(p, g, mine, lr, count)
+                        new_leaves[index] = new_p.astype(p.dtype)
+                        for slot, value in updated.items():
+                            new_slots[slot][index] = value.astype(p.dtype)
             slots = {slot: jax.tree.unflatten(tree, values) for slot, values in new_slots.items()}
             return jax.tree.unflatten(tree, new_leaves), InOpsState(count, slots)
 
         return InOps(init, apply)
 
     return at
+
+
+def _grouped(
+    spec: optim.AbstractOptimizer, params: Any
+) -> list[tuple[optim.AbstractOptimizer, float, list[int]]]:
+    """``(options, lr_scale, leaf indices)`` per group of ``spec``, the leaves in
+    ``jax.tree.leaves(params)`` order and named as the state dict names them."""
+    names = list(flatten_params(params))  # the same walk as jax.tree.leaves
+    if not spec.groups:
+        return [(spec, 1.0, list(range(len(names))))]
+    position = {name: index for index, name in enumerate(names)}
+    return [
+        (group.optimizer, group.lr_scale, [position[name] for name in group.names])
+        for group in optim.parameter_groups(spec, names)
+    ]
 
 
 def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
@@ -122,7 +145,7 @@ def build_optimizer(spec: optim.AbstractOptimizer) -> Callable[[Any], Any]:
         ['TraceState']
     """
     make: Callable[[Any], Callable[[Any], Any]]
-    make = optim.implementation(OPTIMIZERS, spec, "jax", in_ops)
+    make = optim.implementation({} if spec.groups else OPTIMIZERS, spec, "jax", in_ops)
     return make(spec)
 
 

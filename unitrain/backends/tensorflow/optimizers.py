@@ -8,19 +8,25 @@ correction, which misses the torch-semantics reference of :mod:`unitrain.optim` 
 ``shared/anchors/optimizer-schedule-parity.md``). SGD, the benchmarks' optimizer, keeps a
 native form (:data:`OPTIMIZERS`) that updates the parameter in place with ``assign_sub``,
 which the rule in ops, assigning ``p - lr * d``, cannot.
+
+Parameter groups (:class:`unitrain.optim.Group`) are applied by both: each variable runs its
+group's options at its group's learning rate, the variable found by its own name, which is
+its canonical name (checked by :func:`bind`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import tensorflow as tf  # absolute: the framework, not this package
 
-from unitrain import ops, optim
+from unitrain import ConfigError, ops, optim
 from unitrain.backends.tensorflow import ops as tensorflow_ops
 
 __all__ = [
     "all_finite",
+    "bind",
     "clip_coefficient",
     "OPTIMIZERS",
     "global_norm",
@@ -28,6 +34,51 @@ __all__ = [
     "rule_for",
     "update_parameters",
 ]
+
+
+_Options = TypeVar("_Options")
+
+
+def bind(options: _Options, model: Any, params: Mapping[str, tf.Variable]) -> _Options:
+    """``options`` with its optimizer resolved for ``model`` (:func:`unitrain.optim.bind_options`),
+    checked to run here over ``params`` (variables by canonical name).
+
+    Raises:
+        ConfigError: the optimizer cannot run here (only a numpy ``reference_update``), a group
+            matches no parameter, or the optimizer has groups and a variable's own name is not
+            its canonical name (a ``tf.Module`` whose variables were named otherwise).
+    """
+    options = optim.bind_options(options, model)
+    spec = options.optimizer  # type: ignore[attr-defined]
+    rule_for(spec)  # refuse, now, one that cannot run
+    if spec.groups:
+        for name, variable in params.items():
+            if _name_of(variable) != name:
+                raise ConfigError(
+                    f"parameter groups on the tensorflow backend find each variable by its own "
+                    f"name, and the variable at {name!r} is named {variable.name!r}; name the "
+                    "model's variables as their state-dict names, or train without groups"
+                )
+        optim.parameter_groups(spec, params)  # a pattern that matches nothing fails here
+    return options
+
+
+def _name_of(variable: tf.Variable) -> str:
+    """The canonical name of a variable: Keras writes its path with ``/`` (``dense/kernel:0``)."""
+    return variable.name.rpartition(":")[0].replace("/", ".")
+
+
+def _grouped(
+    spec: optim.AbstractOptimizer, params: Sequence[tf.Variable]
+) -> list[tuple[optim.AbstractOptimizer, float, list[int]]]:
+    """``(options, lr_scale, indices into params)`` per group of ``spec``."""
+    if not spec.groups:
+        return [(spec, 1.0, list(range(len(params))))]
+    index = {_name_of(p): i for i, p in enumerate(params)}
+    return [
+        (group.optimizer, group.lr_scale, [index[name] for name in group.names])
+        for group in optim.parameter_groups(spec, index)
+    ]
 
 
 def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -89,16 +140,20 @@ def in_ops(
     step: tf.Tensor,
     lr: tf.Tensor,
 ) -> None:
-    """Any optimizer's own update, written in ops, run on each variable and assigned back."""
+    """Any optimizer's own update, written in ops, run on each variable (with its group's
+    options and learning rate) and assigned back."""
     count = step + 1
     with ops.using(tensorflow_ops):
-        for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-            mine = {slot: variables[index] for slot, variables in slots.items()}
-            values = {slot: variable.read_value() for slot, variable in mine.items()}
-            new_p, updated = spec.update(p.read_value(), g, values, lr, count)
-            for slot, value in updated.items():
-                mine[slot].assign(value)
-            p.assign(new_p)
+        for rule, scale, indices in _grouped(spec, params):
+            group_lr = lr if scale == 1.0 else lr * scale
+            for index in indices:
+                p, g = params[index], grads[index]
+                mine = {slot: variables[index] for slot, variables in slots.items()}
+                values = {slot: variable.read_value() for slot, variable in mine.items()}
+                new_p, updated = rule.update(p.read_value(), g, values, group_lr, count)
+                for slot, value in updated.items():
+                    mine[slot].assign(value)
+                p.assign(new_p)
 
 
 def _sgd(
@@ -112,17 +167,20 @@ def _sgd(
     # The rule's arithmetic with the parameter updated in place by assign_sub: assigning
     # p - lr * d as the rule in ops does made a W1 train step ~7 % slower (median of 6
     # interleaved runs of 200 steps, CPU).
-    for index, (p, g) in enumerate(zip(params, grads, strict=True)):
-        dtype = p.dtype
-        if spec.weight_decay:
-            g = g + tf.constant(spec.weight_decay, dtype) * p
-        direction = g
-        if spec.momentum:
-            mu = tf.constant(spec.momentum, dtype)
-            buffer = mu * slots["momentum"][index] + g
-            slots["momentum"][index].assign(buffer)
-            direction = g + mu * buffer if spec.nesterov else buffer
-        p.assign_sub(lr * direction)
+    for options, scale, indices in _grouped(spec, params):
+        rule = cast(optim.SGD, options)  # a group of an SGD is an SGD
+        group_lr = lr if scale == 1.0 else lr * scale
+        for index in indices:
+            p, g, dtype = params[index], grads[index], params[index].dtype
+            if rule.weight_decay:
+                g = g + tf.constant(rule.weight_decay, dtype) * p
+            direction = g
+            if rule.momentum:
+                mu = tf.constant(rule.momentum, dtype)
+                buffer = mu * slots["momentum"][index] + g
+                slots["momentum"][index].assign(buffer)
+                direction = g + mu * buffer if rule.nesterov else buffer
+            p.assign_sub(group_lr * direction)
 
 
 #: ``rule(spec, params, grads, slots, step, lr)``: one update of the variables in place.

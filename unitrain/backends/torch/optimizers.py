@@ -6,6 +6,10 @@ Any optimizer runs by its :meth:`~unitrain.optim.AbstractOptimizer.update`, writ
 their formulas are the rule's (SGD, Adam, RMSprop), on the fastest kernel that computes them
 correctly here (:func:`.kernels.build_optimizer` decides by running them), and
 ``torch._foreach`` ops for AdamW, whose torch class decays the weights in a separate multiply.
+
+Parameter groups (:class:`unitrain.optim.Group`) become torch's own param groups in a native
+form, each with its options and ``lr_scale`` times the learning rate; the other forms run
+their rule once per group.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class NativeOptimizer:
         spec: the optimizer description.
         params: the parameters by canonical name.
         kind: the ``torch.optim`` class.
-        settings: its hyperparameters besides the learning rate.
+        settings: its hyperparameters besides the learning rate, from an optimizer's options.
         names: canonical slot -> the name torch keeps it under.
         counts_steps: whether torch keeps a ``step`` per parameter (it must be restored).
     """
@@ -76,20 +80,33 @@ class NativeOptimizer:
         spec: optim.AbstractOptimizer,
         params: Mapping[str, nn.Parameter],
         kind: Any,
-        settings: dict[str, Any],
+        settings: Callable[[Any], dict[str, Any]],
         names: Mapping[str, str],
         *,
         counts_steps: bool,
     ) -> None:
         self.params = dict(params)
         self.names = {slot: names[slot] for slot in spec.state_slots}
-        self.native = self.optimizer = build_optimizer(kind, list(self.params.values()), settings)
+        optimizer = build_optimizer(kind, list(self.params.values()), settings(spec))
+        groups = optim.parameter_groups(spec, self.params)
+        if spec.groups:  # torch's param groups, on the kernel chosen for the whole model
+            optimizer = kind(
+                [
+                    {"params": [self.params[n] for n in group.names], **settings(group.optimizer)}
+                    for group in groups
+                ],
+                **optimizer.defaults,
+            )
+        self.native = self.optimizer = optimizer
+        #: Canonical names in torch's order (group by group), which its state_dict indexes.
+        self._order = [name for group in groups for name in group.names]
+        self._scales = [group.lr_scale for group in groups]
         self._counts_steps = counts_steps
 
     def step(self, lr: float, step: int) -> None:
-        """One update of the torch optimizer at ``lr``."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        """One update of the torch optimizer at ``lr`` (times each group's ``lr_scale``)."""
+        for group, scale in zip(self.optimizer.param_groups, self._scales, strict=True):
+            group["lr"] = lr * scale
         self.optimizer.step()
 
     def zero_grad(self) -> None:
@@ -110,7 +127,7 @@ class NativeOptimizer:
         kernel wants it (a fused Adam keeps ``step`` on the parameters' device)."""
         saved = self.optimizer.state_dict()
         saved["state"] = {}
-        for index, name in enumerate(self.params):
+        for index, name in enumerate(self._order):
             entry = {
                 torch_name: torch.from_numpy(np.array(slots[f"{name}.{slot}"]))
                 for slot, torch_name in self.names.items()
@@ -143,25 +160,32 @@ class ForeachOptimizer:
     ) -> None:
         self.spec, self.params, self.rule = spec, dict(params), rule
         self.native: torch.optim.Optimizer | None = None
+        position = {name: index for index, name in enumerate(self.params)}
+        #: ``(options, lr_scale, parameter indices)`` per group.
+        self._groups = [
+            (group.optimizer, group.lr_scale, [position[name] for name in group.names])
+            for group in optim.parameter_groups(spec, self.params)
+        ]
         self._slots = {
             slot: [torch.zeros_like(p, requires_grad=False) for p in self.params.values()]
             for slot in spec.state_slots
         }
 
     def step(self, lr: float, step: int) -> None:
-        """Run the rule on the parameters that have gradients."""
+        """Run the rule on the parameters that have gradients, group by group."""
         params = list(self.params.values())
-        live = [i for i, p in enumerate(params) if p.grad is not None]
-        slots = {slot: [tensors[i] for i in live] for slot, tensors in self._slots.items()}
-        with torch.no_grad():
-            self.rule(
-                self.spec,
-                [params[i] for i in live],
-                [grad for i in live if (grad := params[i].grad) is not None],
-                slots,
-                lr,
-                step,
-            )
+        for options, scale, indices in self._groups:
+            live = [i for i in indices if params[i].grad is not None]
+            slots = {slot: [tensors[i] for i in live] for slot, tensors in self._slots.items()}
+            with torch.no_grad():
+                self.rule(
+                    options,
+                    [params[i] for i in live],
+                    [grad for i in live if (grad := params[i].grad) is not None],
+                    slots,
+                    lr * scale,
+                    step,
+                )
 
     def zero_grad(self) -> None:
         """Drop the gradients (as ``torch.optim``'s ``zero_grad`` does by default)."""
@@ -222,7 +246,7 @@ def in_ops(
     step: int,
 ) -> None:
     """Any optimizer's own update, written in ops, run on each parameter and copied back."""
-    with ops.using(torch_ops):
+    with ops.using(torch_ops):  # lr is a float: a group's lr_scale is already in it
         for index, (p, g) in enumerate(zip(params, grads, strict=True)):
             mine = {slot: tensors[index] for slot, tensors in slots.items()}
             new_p, new_slots = spec.update(p, g, mine, lr, step)
@@ -239,7 +263,7 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
         spec,
         params,
         torch.optim.SGD,
-        {"momentum": spec.momentum, "nesterov": spec.nesterov, "weight_decay": spec.weight_decay},
+        lambda s: {"momentum": s.momentum, "nesterov": s.nesterov, "weight_decay": s.weight_decay},
         {"momentum": "momentum_buffer"},
         counts_steps=False,
     ),
@@ -247,7 +271,7 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
         spec,
         params,
         torch.optim.Adam,
-        {"betas": (spec.beta1, spec.beta2), "eps": spec.eps, "weight_decay": spec.weight_decay},
+        lambda s: {"betas": (s.beta1, s.beta2), "eps": s.eps, "weight_decay": s.weight_decay},
         {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
         counts_steps=True,
     ),
@@ -256,12 +280,12 @@ OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Factory] = {
         spec,
         params,
         torch.optim.RMSprop,
-        {
-            "alpha": spec.alpha,
-            "eps": spec.eps,
-            "centered": spec.centered,
-            "momentum": spec.momentum,
-            "weight_decay": spec.weight_decay,
+        lambda s: {
+            "alpha": s.alpha,
+            "eps": s.eps,
+            "centered": s.centered,
+            "momentum": s.momentum,
+            "weight_decay": s.weight_decay,
         },
         {"square_avg": "square_avg", "momentum": "momentum_buffer", "grad_avg": "grad_avg"},
         counts_steps=True,

@@ -14,6 +14,10 @@ scales and seeds from bounded, realistic ranges; explicit examples cover the kno
 (a learning rate that changes every step, which separates ``w -= lr * b`` from Keras's
 ``b = mu * b - lr * g``; tiny gradients, where Adam's epsilon placement matters). The cases
 are the rows of :data:`unitrain.conformance.optimizer_cases.OPTIMIZER_CASES`.
+
+A parameter group whose pattern selects no parameter must be refused by name
+(``group_matching_nothing_is_refused``): a typo in a recipe would otherwise train with the
+base options and nothing would say so.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from unitrain import optim
 from unitrain.conformance._context import Context
 from unitrain.conformance._hypothesis import explore
-from unitrain.conformance._probes import model_state, optimizer_trajectory
-from unitrain.conformance._registry import add_check
+from unitrain.conformance._probes import LINEAR_PROBE, model_state, optimizer_trajectory
+from unitrain.conformance._registry import add_check, check
 from unitrain.conformance.optimizer_cases import (
     EITHER,
     OPTIMIZER_CASES,
@@ -112,3 +117,29 @@ def _register(name: str, case: OptimizerCase) -> None:
 
 for _name, _case in OPTIMIZER_CASES.items():
     _register(_name, _case)
+
+
+@check(
+    "optimizers",
+    "group_matching_nothing_is_refused",
+    guards="a parameter group that selects nothing silently ignored (its options never used)",
+)
+def group_matching_nothing_is_refused(ctx: Context) -> None:
+    """A parameter group whose name pattern or layer type selects nothing is refused, by name.
+
+    The backend may refuse when it is built or at its first update; either way the error must
+    name the entry (the probe has one Linear layer: no ``head``, no LayerNorm).
+    """
+    x = ctx.host(np.eye(8))
+    for entry in ("head.*", "LayerNorm"):
+        spec = optim.AdamW(groups=(optim.Group(entry, weight_decay=0.0),))
+        try:
+            backend = ctx.make(LINEAR_PROBE, loss="mse", optimizer=spec)
+            ctx.update(backend, (x, ctx.host(np.zeros((8, 4)))), 1e-3)
+        except Exception as error:
+            ctx.require(
+                repr(entry) in str(error),
+                f"a group matching {entry!r} was refused, but the error does not name it: {error}",
+            )
+            continue
+        ctx.require(False, f"a group matching {entry!r} (no parameter of the probe) was accepted")

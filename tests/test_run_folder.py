@@ -189,6 +189,33 @@ def test_a_run_whose_folder_is_taken_over_mid_run_stops_before_writing(tmp_path,
     assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "other-node"
 
 
+def test_a_save_in_flight_when_another_run_takes_the_folder_is_not_put_in_place(
+    tmp_path, monkeypatch
+):
+    """The background save of epoch 1 is still digesting its files when another run takes
+    the folder: the save used to rename its checkpoint into the other run's folder. Now it
+    reads the lock just before the rename and drops the checkpoint, and the run stops."""
+    from unitrain.checkpoint import _write
+
+    monkeypatch.setenv("UNITRAIN_LOCK_HEARTBEAT_SECONDS", "30")  # no beat notices it first
+    taken = []
+
+    def take_over() -> None:  # runs in the save's thread, before its rename
+        if not taken:
+            taken.append(True)
+            (tmp_path / LOCK_NAME).write_text(
+                json.dumps({"pid": 4242, "host": "other-node", "started": time.time()})
+            )
+
+    monkeypatch.setattr(_write, "_pause_for_tests", take_over)
+    trainer = make(tmp_path, epochs=3)
+    with pytest.raises(DirectoryLockedError, match="other-node"):
+        trainer.fit((X, Y), (X[:16], Y[:16]))
+    assert taken and list_checkpoints(tmp_path) == []
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_NAME]  # no staging left behind
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "other-node"
+
+
 def test_a_second_fit_of_the_same_trainer_goes_on_with_its_run(tmp_path):
     trainer = make(tmp_path, epochs=2)
     trainer.fit((X, Y))

@@ -170,11 +170,15 @@ class CheckpointWriter:
         trainer: Mapping[str, Any],
         callbacks: Mapping[str, np.ndarray] | None = None,
         then: Callable[[], None] | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> Path:
         """Like :func:`save_checkpoint`, finishing in the background; ``then`` runs after.
 
         ``then`` (on the worker thread, after the rename) is where older checkpoints can be
-        deleted safely: before it, the new one might not exist yet.
+        deleted safely: before it, the new one might not exist yet. ``guard`` runs on the
+        worker thread just before the rename; an error it raises drops the checkpoint (the
+        staged files are removed) and is raised by :meth:`wait`, as a failed step's is. The
+        Trainer's checks that no other run has taken the folder since the save began.
 
         Raises:
             CheckpointError: as :func:`save_checkpoint` for the writing (at once), or a
@@ -184,7 +188,7 @@ class CheckpointWriter:
 
         def finish() -> None:
             try:
-                staged.commit()
+                staged.commit(guard)
                 if then is not None:
                     then()
             except BaseException as error:  # handed to the caller's thread by wait()
@@ -243,8 +247,9 @@ class _Staged:
     def __init__(self, target: Path, staging: Path, files: dict[str, FileDigest | None]) -> None:
         self.target, self._staging, self._files = target, staging, files
 
-    def commit(self) -> None:
-        """Digests and fsyncs what :func:`_stage` did not, writes the manifest, installs."""
+    def commit(self, guard: Callable[[], None] | None = None) -> None:
+        """Digests and fsyncs what :func:`_stage` did not, writes the manifest, runs
+        ``guard`` (which may refuse), installs."""
         try:
             try:
                 digests = {
@@ -254,6 +259,8 @@ class _Staged:
                 _write_file(self._staging / MANIFEST_FILE, [memoryview(encode_manifest(digests))])
                 _pause_for_tests()
                 fsync_directory(self._staging)
+                if guard is not None:
+                    guard()
                 _install(self._staging, self.target)
             except OSError as exc:
                 raise _save_failed(self.target, exc) from exc

@@ -85,6 +85,7 @@ __all__ = [
     "DirectoryLockedError",
     "RunLock",
     "check_locks",
+    "confirm_locks",
     "heartbeat_seconds",
     "locked",
     "pid_running",
@@ -301,6 +302,30 @@ class RunLock:
                 stacklevel=2,
             )
 
+    def confirm(self) -> None:
+        """Read the lock now and raise if another run holds it: one read, for a save about to
+        put a checkpoint in place (the heartbeat's verdict, which :meth:`check` reads, can be
+        up to one beat old). A lock that is gone (its folder deleted) is no other run's.
+
+        Raises:
+            DirectoryLockedError: another run holds the lock, or something else has its name.
+        """
+        content = self._content
+        if content is None or self._lost is not None:
+            self.check()
+            return
+        try:
+            found = read_lock(self.path)[0]
+        except FileNotFoundError:
+            return
+        except NotALockFile as error:
+            self._lose(str(error))
+            self.check()
+            return
+        if found != content:
+            self._lose_to(found)
+            self.check()
+
     def _beat_until_released(self, interval: float) -> None:
         while not self._stop.wait(interval) and self._lost is None:
             with contextlib.suppress(OSError):  # e.g. an NFS hiccup: the next beat tries again
@@ -339,6 +364,10 @@ class RunLock:
                 return
         finally:
             os.close(descriptor)
+        self._lose_to(found)
+
+    def _lose_to(self, found: bytes) -> None:
+        """Record that the lock file holds ``found``, another run's lock or something else."""
         owner = owner_of(found)
         self._lose(
             "another unitrain run holds it now "
@@ -482,6 +511,16 @@ def locked(directories: Iterable[str | os.PathLike[str]]) -> Iterator[list[RunLo
                 seen.add(key)
                 locks.append(stack.enter_context(RunLock(directory)))
         yield locks
+
+
+def confirm_locks(locks: Iterable[RunLock]) -> None:
+    """Raise if another run holds any of ``locks`` now (see :meth:`RunLock.confirm`).
+
+    Raises:
+        DirectoryLockedError: another run took one of the locks.
+    """
+    for lock in locks:
+        lock.confirm()
 
 
 def check_locks(locks: Iterable[RunLock]) -> None:

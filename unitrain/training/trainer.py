@@ -10,6 +10,7 @@ points, checkpoints and epoch ends.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -40,7 +41,7 @@ from unitrain.training import _inference, rng
 from unitrain.training._evaluation import evaluate
 from unitrain.training._fit_loop import FitLoop
 from unitrain.training._lineage import Lineage, claim_folders, lineage_for
-from unitrain.training._lock import RunLock, check_locks, locked
+from unitrain.training._lock import RunLock, check_locks, confirm_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
 from unitrain.training._run_state import RunState, TrainState, restore, snapshot
 from unitrain.training.config import TrainerConfig, check_run_length
@@ -343,8 +344,9 @@ class Trainer(FitLoop):
             return Path(path)
         check_locks(self._locks)  # never write where another run has taken over
         state = snapshot(self)
-        if background:
-            saved = self._writer.save(path, then=then, **state)
+        if background:  # installed only if no other run has taken the folder meanwhile
+            guard = functools.partial(confirm_locks, self._locks)
+            saved = self._writer.save(path, then=then, guard=guard, **state)
         else:
             self._writer.wait()
             saved = save_checkpoint(path, **state)

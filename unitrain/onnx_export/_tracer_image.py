@@ -1,9 +1,9 @@
-"""Convolution and pooling ops of a traced forward, channels last as in unitrain.
+"""Convolution, transposed convolution and pooling ops of a traced forward, channels last.
 
-ONNX's ``Conv``, ``MaxPool`` and ``AveragePool`` read channels first: the input is
-transposed in and the output back, the kernel from ``(*window, in / groups, out)`` to
-``(out, in / groups, *window)``, so a layer of your own that calls ``ops.conv`` exports as
-the built-in Conv2d does.
+ONNX's ``Conv``, ``ConvTranspose``, ``MaxPool`` and ``AveragePool`` read channels first:
+the input is transposed in and the output back, and the kernel into ONNX's layout (``conv``:
+``(*window, in / groups, out)`` to ``(out, in / groups, *window)``), so a layer of your own
+that calls ``ops.conv`` exports as the built-in Conv2d does.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _per_axis(value: Any, rank: int) -> list[int]:
 
 
 class ImageOps:
-    """``conv``, ``max_pool`` and ``avg_pool`` for :class:`~._tracer.Tracer`."""
+    """``conv``, ``conv_transpose``, ``max_pool`` and ``avg_pool`` for the Tracer."""
 
     graph: Graph
     prefix: str
@@ -102,6 +102,40 @@ class ImageOps:
             dilations=dilations,
             group=int(groups),
         )
+
+    def conv_transpose(
+        self,
+        x: Any,
+        kernel: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        dilation: Any = 1,
+    ) -> Symbolic:
+        x, kernel = self.tensor(x), self.tensor(kernel)
+        rank = len(x.shape) - 2
+        window = [int(n or 0) for n in kernel.shape[:rank]]
+        settings = (stride, padding, output_padding, dilation)
+        strides, pads, extra, dilations = (_per_axis(value, rank) for value in settings)
+        # (*window, out, in) -> ONNX's (in, out, *window)
+        weight = self._new("Transpose", [kernel], kernel.shape, perm=[rank + 1, rank, *range(rank)])
+        first = self._new("Transpose", [x], x.shape, perm=[0, rank + 1, *range(1, rank + 1)])
+        y = self._new(
+            "ConvTranspose",
+            [first, weight],
+            x.shape,
+            kernel_shape=window,
+            strides=strides,
+            pads=pads + pads,
+            output_padding=extra,
+            dilations=dilations,
+        )
+        out = [
+            (int(size or 0) - 1) * s - 2 * p + d * (k - 1) + o + 1
+            for size, s, p, d, k, o in zip(x.shape[1:-1], strides, pads, dilations, window, extra)
+        ]
+        shape = (None, *out, kernel.shape[rank])
+        return self._new("Transpose", [y], shape, perm=[0, *range(2, rank + 2), 1])
 
     def max_pool(self, x: Any, window: Any, stride: Any = None, padding: Any = 0) -> Symbolic:
         return self._pool("MaxPool", x, window, stride, padding)

@@ -33,14 +33,15 @@ from unitrain.losses._base import (
     AbstractLoss,
     loss_from_dict,
     loss_types,
+    mean_per_example,
     resolve_loss,
     takes_labels,
+    targets_like,
 )
 from unitrain.losses._classification import (
     BinaryCrossEntropyWithLogits,
     CrossEntropy,
     KLDivergence,
-    mean_per_example,
 )
 from unitrain.losses._regression import MSE, Huber
 
@@ -56,4 +57,5 @@ __all__ = [
     "mean_per_example",
     "resolve_loss",
     "takes_labels",
+    "targets_like",
 ]

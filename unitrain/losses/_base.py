@@ -26,8 +26,10 @@ __all__ = [
     "AbstractLoss",
     "loss_from_dict",
     "loss_types",
+    "mean_per_example",
     "resolve_loss",
     "takes_labels",
+    "targets_like",
 ]
 
 _REGISTRY: TypeRegistry[AbstractLoss] = TypeRegistry("loss")
@@ -176,3 +178,14 @@ def takes_labels(loss: Any) -> bool:
     """Whether ``loss`` (as :func:`resolve_loss` gives it) takes integer class labels; a
     native callable does not say, so its targets pass as they are."""
     return isinstance(loss, AbstractLoss) and loss.takes_labels
+
+
+def mean_per_example(values: Array) -> Array:
+    """``values`` averaged over every axis but the first: one value per example."""
+    rank = len(ops.shape(values))
+    return values if rank == 1 else ops.mean(values, tuple(range(1, rank)))
+
+
+def targets_like(targets: Array, outputs: Array) -> Array:
+    """``targets`` in the outputs' dtype and shape (a ``(N,)`` target for ``(N, 1)``)."""
+    return ops.reshape(ops.cast(targets, ops.dtype(outputs)), ops.shape(outputs))

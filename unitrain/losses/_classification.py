@@ -15,7 +15,7 @@ import numpy as np
 
 from unitrain import ops
 from unitrain._errors import ConfigError, DataError
-from unitrain.losses._base import AbstractLoss
+from unitrain.losses._base import AbstractLoss, mean_per_example, targets_like
 from unitrain.ops import Array
 
 __all__ = ["BinaryCrossEntropyWithLogits", "CrossEntropy", "KLDivergence"]
@@ -179,7 +179,7 @@ class BinaryCrossEntropyWithLogits(AbstractLoss, type_name="binary_cross_entropy
 
     def per_example(self, outputs: Array, targets: Array) -> Array:
         """The mean over each example's outputs of ``softplus(x) - x * y``."""
-        y = _like(targets, outputs)
+        y = targets_like(targets, outputs)
         return mean_per_example(ops.softplus(outputs) - outputs * y)
 
 
@@ -205,22 +205,11 @@ class KLDivergence(AbstractLoss, type_name="kl_divergence"):
 
     def per_example(self, outputs: Array, targets: Array) -> Array:
         """``sum_c t_c * (log t_c - log q_c)`` over the last axis."""
-        t = _like(targets, outputs)
+        t = targets_like(targets, outputs)
         positive = ops.greater(t, 0.0)
         zero = ops.zeros_like(t)
         entropy_term = ops.where(positive, t * ops.log(ops.where(positive, t, zero + 1.0)), zero)
         return ops.sum(entropy_term - t * ops.log_softmax(outputs, -1), -1)
-
-
-def mean_per_example(values: Array) -> Array:
-    """``values`` averaged over every axis but the first: one value per example."""
-    rank = len(ops.shape(values))
-    return values if rank == 1 else ops.mean(values, tuple(range(1, rank)))
-
-
-def _like(targets: Array, outputs: Array) -> Array:
-    """``targets`` in the outputs' dtype and shape (a ``(N,)`` target for ``(N, 1)``)."""
-    return ops.reshape(ops.cast(targets, ops.dtype(outputs)), ops.shape(outputs))
 
 
 def _real(value: Any) -> bool:

@@ -11,8 +11,7 @@ import numpy as np
 
 from unitrain import ops
 from unitrain._errors import ConfigError
-from unitrain.losses._base import AbstractLoss
-from unitrain.losses._classification import _like, mean_per_example
+from unitrain.losses._base import AbstractLoss, mean_per_example, targets_like
 from unitrain.ops import Array
 
 __all__ = ["MSE", "Huber"]
@@ -33,7 +32,7 @@ class MSE(AbstractLoss, type_name="mse"):
 
     def per_example(self, outputs: Array, targets: Array) -> Array:
         """The mean squared difference of each example."""
-        diff = outputs - _like(targets, outputs)
+        diff = outputs - targets_like(targets, outputs)
         return mean_per_example(diff * diff)
 
     def check_targets(self, targets: np.ndarray, outputs: tuple[int, ...], name: str) -> None:
@@ -72,7 +71,7 @@ class Huber(AbstractLoss, type_name="huber"):
 
     def per_example(self, outputs: Array, targets: Array) -> Array:
         """The mean Huber value of each example."""
-        diff = outputs - _like(targets, outputs)
+        diff = outputs - targets_like(targets, outputs)
         size = ops.abs(diff)
         square = 0.5 * diff * diff
         line = self.delta * (size - 0.5 * self.delta)

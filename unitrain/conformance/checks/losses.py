@@ -42,9 +42,7 @@ class LogCosh(AbstractLoss, type_name="conformance_log_cosh"):
 
     def per_example(self, outputs: Array, targets: Array) -> Array:
         """``|d| + log1p(exp(-2|d|)) - log 2``, the overflow-free ``log(cosh(d))``."""
-        d = ops.abs(
-            outputs - ops.reshape(ops.cast(targets, ops.dtype(outputs)), ops.shape(outputs))
-        )
+        d = ops.abs(outputs - losses.targets_like(targets, outputs))
         return losses.mean_per_example(d + ops.log1p(ops.exp(-2.0 * d)) - math.log(2.0))
 
 

@@ -532,3 +532,13 @@ def test_dropout_masks_are_float32_draws_of_the_module_generator_in_layer_order(
     with pytest.warns(DeprecationWarning, match="PortableModule"):
         old = TorchMLP(MODEL)
     assert list(old.state_dict()) == list(MODEL.param_shapes())
+
+
+def test_a_model_without_parameters_builds_and_predicts():
+    """torch.optim refuses an empty parameter list; such a model (pooling, an activation)
+    gets the generic optimizer, which has nothing to update, so it can predict and export."""
+    model = models.Sequential([models.ReLU(), models.Flatten()])
+    backend = TorchBackend(model, BackendOptions(device="cpu", optimizer=optim.Adam()))
+    x = np.array([[[-1.0, 2.0]]], np.float32)
+    np.testing.assert_array_equal(backend.predict(x), [[0.0, 2.0]])
+    assert backend.state_dict() == {"optimizer.step": 0}

@@ -303,4 +303,6 @@ def optimizer_for(
         ConfigError: the optimizer has neither (only a numpy ``reference_update``).
     """
     generic = lambda spec, params: ForeachOptimizer(spec, params, in_ops)  # noqa: E731
+    if not params:  # a model without parameters (pooling alone): torch.optim refuses none
+        return generic(spec, params)
     return optim.implementation(OPTIMIZERS, spec, "torch", generic)(spec, params)

@@ -223,6 +223,28 @@ def test_float_targets_with_an_ignore_index_are_a_clear_error():
     _documented(str(caught.value))
 
 
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (np.array([0, 1, 2, 3] * 2), r"labels in \[0, 3\], but the model has 3 outputs"),
+        (np.linspace(0.0, 1.0, 8), "must be integer class labels"),
+    ],
+)
+def test_the_trainer_checks_targets_against_a_loss_object_before_training(targets, message):
+    """A loss given as an object is checked up front as its string form is: torch would
+    otherwise cast float labels to ints, and JAX turn an out-of-range label into a NaN."""
+    trainer = Trainer(
+        MLP((4, 3)),
+        backend="numpy",
+        loss=losses.CrossEntropy(label_smoothing=0.1),
+        config=TrainerConfig(epochs=1, batch_size=4),
+    )
+    x = np.random.default_rng(0).normal(size=(8, 4))
+    with pytest.raises(DataError, match=message):
+        trainer.fit((x, targets))
+    assert trainer.state.step == 0
+
+
 def test_the_numpy_backend_refuses_a_native_callable():
     with pytest.raises(ConfigError, match=r"computes losses written in unitrain\.ops") as caught:
         get_backend("numpy")(MLP((3, 3)), BackendOptions(loss=lambda o, t: o))

@@ -110,6 +110,8 @@ def _check_fits_model(
         model.check_input(inputs)  # the shape every layer reads, and token ids in range
         if isinstance(loss, str) and loss in _TARGET_CHECKS:
             check_targets(targets, model.output_shape(inputs.shape[1:]), loss, name)
+        elif callable(getattr(loss, "check_targets", None)):  # a unitrain.losses loss
+            loss.check_targets(targets, model.output_shape(inputs.shape[1:]), name)
 
 
 def check_targets(

@@ -60,7 +60,9 @@ class Trainer(FitLoop):
             installed framework.
         optimizer: an optimizer description from :mod:`unitrain.optim`.
         schedule: the learning rate per update, from :mod:`unitrain.schedules`.
-        loss: ``"cross_entropy"`` or ``"mse"`` (or a native loss the backend accepts).
+        loss: a :mod:`unitrain.losses` loss (``losses.CrossEntropy(label_smoothing=0.1)``,
+            one of your own written in ops), its type name (``"cross_entropy"``, ``"mse"``),
+            or a native loss the backend accepts.
         callbacks: objects with any of the ``on_*`` hooks of :class:`unitrain.callbacks.Callback`.
         config: a :class:`TrainerConfig`.
         strategy: how the run is spread over workers (:mod:`unitrain.backends.strategy`): None runs

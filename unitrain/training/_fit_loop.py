@@ -23,14 +23,15 @@ import numpy as np
 from unitrain._errors import ConfigError, NonFiniteError
 from unitrain.backends.numbering import NumberedCalls
 from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
-from unitrain.backends.strategy import Strategy, training_shards
+from unitrain.backends.strategy import Strategy, check_splittable, training_shards
 from unitrain.callbacks._base import CallbackList
 from unitrain.data import ArrayLoader, BatchSource
 from unitrain.metrics import Metric
+from unitrain.schedules import AbstractSchedule
 from unitrain.training._evaluation import evaluate
 from unitrain.training._run_state import TrainState
 from unitrain.training._running import RunningLoss
-from unitrain.training.config import TrainerConfig
+from unitrain.training.config import TrainerConfig, check_run_length
 
 __all__ = ["FitLoop"]
 
@@ -49,6 +50,7 @@ class FitLoop:
     state: TrainState
     history: list[dict[str, Any]]
     val_source: BatchSource | None
+    schedule: AbstractSchedule
 
     if TYPE_CHECKING:  # defined by the Trainer
 
@@ -118,8 +120,12 @@ class FitLoop:
         """Examples per batch when validating, testing or predicting on plain arrays."""
         return self.config.eval_batch_size or self.config.batch_size
 
-    def _check_validation_settings(self) -> None:
-        """Refuse a validation cadence or limit when this fit has no validation data."""
+    def _check_run(self, source: BatchSource) -> None:
+        """Refuse, before any update, what this fit cannot do: a warmup longer than the run,
+        data that cannot be split over the workers, a validation cadence or limit when the
+        fit has no validation data."""
+        check_run_length(self.config, self.schedule, len(source))
+        check_splittable(source, self.strategy.world_size)
         for name in ("val_every_n_steps", "val_batches"):
             value = getattr(self.config, name)
             if value is not None and self.val_source is None:
@@ -128,8 +134,10 @@ class FitLoop:
                     f"fit() (in a recipe: data with a validation split) or leave {name} unset"
                 )
 
-    def _warn_finished(self) -> None:
-        """Say that a resumed run has nothing left to train (``fit`` then returns at once)."""
+    def _warn_if_finished(self) -> None:
+        """Say so when a resumed run has nothing left to train (``fit`` then returns at once)."""
+        if self.training_left():
+            return
         state, config = self.state, self.config
         limit = "" if config.max_steps is None else f", step {state.step} of {config.max_steps}"
         warnings.warn(

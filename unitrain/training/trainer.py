@@ -22,7 +22,7 @@ import numpy as np
 from unitrain._errors import CheckpointError, ConfigError
 from unitrain.backends.protocol import Backend, BackendOptions, Predict
 from unitrain.backends.registry import get_backend
-from unitrain.backends.strategy import Strategy, check_splittable, strategy_for
+from unitrain.backends.strategy import Strategy, strategy_for
 from unitrain.callbacks._base import CallbackList
 from unitrain.checkpoint import (
     CheckpointWarning,
@@ -44,7 +44,7 @@ from unitrain.training._lineage import Lineage, claim_folders, lineage_for
 from unitrain.training._lock import RunLock, check_locks, confirm_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
 from unitrain.training._run_state import RunState, TrainState, restore, snapshot
-from unitrain.training.config import TrainerConfig, check_run_length
+from unitrain.training.config import TrainerConfig
 
 __all__ = ["RunState", "TrainState", "Trainer"]
 
@@ -225,10 +225,8 @@ class Trainer(FitLoop):
         val_source = None if val_data is None else self._source(val_data, "val_data", False)
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
-        self._check_validation_settings()
         self.stop_reason = None
-        check_run_length(self.config, self.schedule, len(source))
-        check_splittable(source, self.strategy.world_size)
+        self._check_run(source)
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
         directories = self._checkpoint_folders() if self.strategy.is_main else []
@@ -280,8 +278,7 @@ class Trainer(FitLoop):
                 self.callbacks.load_state_dict(callback_states)
             except CheckpointError as error:
                 raise CheckpointError(f"{path}/trainer.json: {error}") from None
-            if not self.training_left():
-                self._warn_finished()
+            self._warn_if_finished()
         while self.training_left():
             self._run_epoch(source, val_source)
         self.callbacks.call("on_train_end", self)

@@ -194,6 +194,18 @@ def test_the_last_update_is_not_validated_twice():
     assert not any("val_loss" in row for row in history)
 
 
+def test_two_simulated_workers_validate_by_steps_as_one_worker_does():
+    config = TrainerConfig(
+        epochs=5, batch_size=8, dtype="float64", max_steps=7, val_every_n_steps=3, val_batches=2
+    )
+    runs = [trainer_for(config, strategy=strategy) for strategy in (None, SimulatedWorkers(2))]
+    for trainer in runs:
+        trainer.fit(loader(), VAL)
+    one, two = ([(row["step"], row["val_loss"]) for row in t.step_history] for t in runs)
+    assert [step for step, _ in two] == [step for step, _ in one] == [3, 6]
+    assert [loss for _, loss in two] == pytest.approx([loss for _, loss in one], rel=1e-12)
+
+
 def test_validation_by_steps_under_multi_step_calls_happens_at_the_call_that_crosses_n():
     trainer = trainer_for(
         TrainerConfig(epochs=1, batch_size=8, steps_per_call=4, val_every_n_steps=3),

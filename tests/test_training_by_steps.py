@@ -24,6 +24,7 @@ from unitrain import (
 from unitrain.backends.numpy import NumpyBackend
 from unitrain.backends.strategy import SimulatedWorkers
 from unitrain.cli import main
+from unitrain.cli.plot import epoch_positions
 from unitrain.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -409,6 +410,8 @@ def test_the_digits_recipe_with_set_trains_by_steps_and_prints_validation_lines(
     assert "done: max_steps=7 reached in epoch 1" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], "val_loss" in row) for row in rows] == [(3, True), (6, True), (7, True)]
+    # unitrain plot puts each validation at its share of the epoch's updates.
+    assert epoch_positions(rows) == pytest.approx([3 / 7, 6 / 7, 1.0])
 
 
 # -- bad values --------------------------------------------------------------------------------

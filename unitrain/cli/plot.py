@@ -55,6 +55,30 @@ def _panels(runs: Mapping[str, list[dict[str, Any]]]) -> list[tuple[str, list[st
     return panels
 
 
+def epoch_positions(rows: list[dict[str, Any]]) -> list[float]:
+    """Each row's place on the epoch axis: an epoch's row at its number, a validation by
+    steps (``val_every_n_steps``) at the share of its epoch's updates done by then.
+
+    An epoch ends at the step of its last row; rows without int ``epoch`` and ``step``
+    are placed at their ``epoch``.
+
+    Examples:
+        >>> steps = [(1, 3), (1, 4), (2, 6), (2, 8)]  # validated at 3 and 6, epochs of 4
+        >>> epoch_positions([{"epoch": epoch, "step": step} for epoch, step in steps])
+        [0.75, 1.0, 1.5, 2.0]
+    """
+    if not all(type(r.get("epoch")) is int and type(r.get("step")) is int for r in rows):
+        return [r["epoch"] for r in rows]
+    ends = {row["epoch"]: row["step"] for row in rows}  # the last row of each epoch wins
+    places = []
+    for row in rows:
+        start = ends.get(row["epoch"] - 1, 0)
+        length = ends[row["epoch"]] - start
+        share = (row["step"] - start) / length if length > 0 else 1.0
+        places.append(row["epoch"] - 1 + share)
+    return places
+
+
 def plot_runs(runs: Mapping[str, str | Path], out: str | Path, *, title: str = "") -> Path:
     """Draw runs' curves by epoch into the PNG ``out``; returns its path.
 
@@ -79,8 +103,9 @@ def plot_runs(runs: Mapping[str, str | Path], out: str | Path, *, title: str = "
     flat = list(getattr(axes, "flat", [axes]))
     for axis, (name, keys) in zip(flat, panels):
         for label, epochs in rows.items():
+            places = epoch_positions(epochs)
             for key in keys:
-                points = [(r["epoch"], r[key]) for r in epochs if r.get(key) is not None]
+                points = [(x, r[key]) for x, r in zip(places, epochs) if r.get(key) is not None]
                 if points:
                     tag = key if len(rows) == 1 else f"{label} {key}" if len(keys) > 1 else label
                     axis.plot(*zip(*points), marker="o", markersize=3, label=tag)

@@ -38,6 +38,7 @@ DECLARED = {
     "callbacks",
     "eval_mode",
     "dropout",
+    "losses",
     "accumulation",
     "clipping",
     "determinism",

@@ -62,12 +62,13 @@ import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from unitrain._errors import CheckpointError, ConfigError
 from unitrain.training._lock_file import (
     MAX_LOCK_BYTES,
     NotALockFile,
+    heartbeat_news,
+    is_stale,
     open_lock,
     owner_of,
     pid_running,
@@ -417,11 +418,11 @@ class RunLock:
                     f"directory right now ({self.path}); wait for it to finish or give this "
                     "run another checkpoint_dir"
                 )
-        elif not _is_stale(owner, age, stale):
+        elif not is_stale(owner, age, stale):
             raise DirectoryLockedError(
                 f"{self.directory}: the checkpoint directory is in use by another unitrain run "
                 f"(pid {owner['pid']} on host {owner['host']}, started {started_at(owner)}"
-                f"{_heartbeat_news(owner, age, stale)}). Two runs writing one directory would "
+                f"{heartbeat_news(owner, age, stale)}). Two runs writing one directory would "
                 "delete and resume each other's checkpoints: wait for that run to finish, stop "
                 f"it, or give this run another checkpoint_dir. If that run is dead, delete "
                 f"{self.path}."
@@ -445,47 +446,6 @@ class RunLock:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(aside)
-
-
-def _is_stale(owner: dict[str, Any], age: float, stale: float) -> bool:
-    """Whether the owner of a lock whose heartbeat is ``age`` seconds old is gone."""
-    if owner["host"] != socket.gethostname():
-        limit = _limit(owner, stale)
-        return limit is not None and age > limit
-    pid = owner["pid"]
-    if pid == os.getpid():
-        return True  # not in _HELD (checked first): left by an earlier process
-    if not pid_running(pid):
-        return True
-    recorded, actual = owner.get("process_start"), _process_start(pid)
-    return recorded is not None and actual is not None and recorded != actual
-
-
-def _limit(owner: dict[str, Any], stale: float) -> float | None:
-    """The heartbeat age at which another host's lock is stale; None if it never beats."""
-    interval = owner.get("heartbeat")
-    if not isinstance(interval, (int, float)) or not 0 < interval < math.inf:
-        return None  # written before locks had a heartbeat: its age says nothing
-    return max(stale, 3 * interval)
-
-
-def _heartbeat_news(owner: dict[str, Any], age: float, stale: float) -> str:
-    """For the refusal: how old another host's heartbeat is and when its lock will be taken.
-
-    Nothing for this host's locks, whose pid decides (and whose message the error catalogue
-    documents as it was).
-    """
-    if owner["host"] == socket.gethostname():
-        return ""
-    limit = _limit(owner, stale)
-    if limit is None:
-        return "; it records no heartbeat, being from an older unitrain, so it is never taken over"
-    shown = f"{age:.0f} s old" if age > -1 else f"dated {-age:.0f} s ahead of this host's clock"
-    return (
-        f"; its heartbeat is {shown}, and a lock from another host is taken over once its "
-        f"heartbeat is {limit:g} s old: in {max(limit - age, 0):.0f} s if that run has stopped, "
-        "provided the hosts' clocks agree"
-    )
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The run lock's file on disk: its owner record, read and created without following links.
+"""The run lock's file on disk: its owner record, read and created without following links,
+and what the record says of its owner (gone, or when another host's lock goes stale).
 
 :mod:`unitrain.training._lock` decides who holds a directory; this module only touches the file. Its
 name is never followed and never waited on: it is opened with ``O_NOFOLLOW | O_NONBLOCK``, only
@@ -12,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import secrets
+import socket
 import stat
 import time
 from pathlib import Path
@@ -22,6 +25,8 @@ from typing import Any
 __all__ = [
     "MAX_LOCK_BYTES",
     "NotALockFile",
+    "heartbeat_news",
+    "is_stale",
     "open_lock",
     "owner_of",
     "pid_running",
@@ -212,3 +217,44 @@ def pid_running(pid: int) -> bool:
     except (OverflowError, ValueError):
         return False
     return True
+
+
+def is_stale(owner: dict[str, Any], age: float, stale: float) -> bool:
+    """Whether the owner of a lock whose heartbeat is ``age`` seconds old is gone."""
+    if owner["host"] != socket.gethostname():
+        limit = _limit(owner, stale)
+        return limit is not None and age > limit
+    pid = owner["pid"]
+    if pid == os.getpid():
+        return True  # not held by this process (checked first): left by an earlier one
+    if not pid_running(pid):
+        return True
+    recorded, actual = owner.get("process_start"), process_start(pid)
+    return recorded is not None and actual is not None and recorded != actual
+
+
+def _limit(owner: dict[str, Any], stale: float) -> float | None:
+    """The heartbeat age at which another host's lock is stale; None if it never beats."""
+    interval = owner.get("heartbeat")
+    if not isinstance(interval, (int, float)) or not 0 < interval < math.inf:
+        return None  # written before locks had a heartbeat: its age says nothing
+    return max(stale, 3 * interval)
+
+
+def heartbeat_news(owner: dict[str, Any], age: float, stale: float) -> str:
+    """For the refusal: how old another host's heartbeat is and when its lock will be taken.
+
+    Nothing for this host's locks, whose pid decides (and whose message the error catalogue
+    documents as it was).
+    """
+    if owner["host"] == socket.gethostname():
+        return ""
+    limit = _limit(owner, stale)
+    if limit is None:
+        return "; it records no heartbeat, being from an older unitrain, so it is never taken over"
+    shown = f"{age:.0f} s old" if age > -1 else f"dated {-age:.0f} s ahead of this host's clock"
+    return (
+        f"; its heartbeat is {shown}, and a lock from another host is taken over once its "
+        f"heartbeat is {limit:g} s old: in {max(limit - age, 0):.0f} s if that run has stopped, "
+        "provided the hosts' clocks agree"
+    )

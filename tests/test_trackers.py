@@ -186,3 +186,17 @@ def test_mlflow_logger_without_mlflow_says_what_to_install(monkeypatch):
 def test_the_tracker_base_class_is_refused_with_what_to_use():
     with pytest.raises(ConfigError, match="use MLflowLogger, or subclass it"):
         callbacks.TrackerLogger()
+
+
+def test_a_tracker_gets_each_validation_by_steps_at_its_step(tmp_path):
+    tracker = _Recorder()
+    trainer = Trainer(
+        models.MLP((6, 8, 2)),
+        backend="numpy",
+        callbacks=[tracker],
+        config=TrainerConfig(epochs=1, batch_size=16, val_every_n_steps=2, device="cpu"),
+    )
+    trainer.fit(_data(), _data(32))
+    steps = [(step, m["step/val_loss"]) for step, m in tracker.metrics if "step/val_loss" in m]
+    assert steps == [(row["step"], row["val_loss"]) for row in trainer.step_history]
+    assert [step for step, _ in steps] == [2, 4]

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from unitrain import optim
+from unitrain import losses, ops, optim
 from unitrain.backends.protocol import (
     BackendOptions,
     Batch,
@@ -42,6 +42,7 @@ from unitrain.backends.protocol import (
     check_state,
     split_state,
 )
+from unitrain.backends.tensorflow import ops as tensorflow_ops
 from unitrain.models import MLP
 
 __all__ = ["KerasNativeBackend"]
@@ -50,6 +51,7 @@ _MOMENTUM = "Keras SGD keeps the LR inside the momentum buffer (m = mu*m - lr*g;
 _DECOUPLED = "Keras Adam's weight_decay is decoupled (w -= lr*wd*w); the reference's is L2"
 _EPSILON = "Keras Adam adds eps to sqrt(v) before the bias correction, computed in float32"
 _NOT_MAPPED = "this example maps only SGD, Adam and AdamW to Keras optimizers"
+_NO_GROUPS = "a Keras optimizer takes one set of options: parameter groups are refused"
 
 
 class KerasNativeBackend:
@@ -82,6 +84,13 @@ class KerasNativeBackend:
         "optimizers::lion*": _NOT_MAPPED,
         "checkpoints::canonical_keys_rmsprop*": _NOT_MAPPED,
         "checkpoints::canonical_keys_lion": _NOT_MAPPED,
+        "optimizers::adadelta*": _NOT_MAPPED,
+        "optimizers::adagrad*": _NOT_MAPPED,
+        "checkpoints::canonical_keys_adadelta": _NOT_MAPPED,
+        "checkpoints::canonical_keys_adagrad": _NOT_MAPPED,
+        "optimizers::sgd_groups": _NO_GROUPS,
+        "optimizers::adamw_groups": _NO_GROUPS,
+        "optimizers::group_matching_nothing_is_refused": _NO_GROUPS,
     }
 
     @staticmethod
@@ -95,6 +104,11 @@ class KerasNativeBackend:
             raise ValueError("keras_native trains unitrain.models.MLP in float32 only")
         if options.device not in ("cpu", "auto"):
             raise ValueError(f"keras_native runs on the CPU only, got {options.device!r}")
+        if getattr(options.optimizer, "groups", ()):
+            raise ValueError(f"keras_native: {_NO_GROUPS}")
+        self.loss_fn = losses.resolve_loss(options.loss)
+        if not isinstance(self.loss_fn, losses.AbstractLoss):
+            raise ValueError(f"keras_native computes unitrain.losses losses, got {options.loss!r}")
         self.model, self.spec = _build(model, options.seed), model
         self.weights = {}
         for i, layer in enumerate(self.model.layers):
@@ -132,11 +146,15 @@ class KerasNativeBackend:
         return h
 
     def _loss(self, out: tf.Tensor, y: Any) -> tf.Tensor:
-        if self.options.loss == "mse":
-            y = tf.reshape(tf.convert_to_tensor(y, tf.float32), tf.shape(out))
-            return tf.reduce_mean(tf.square(out - y))
-        labels = tf.convert_to_tensor(np.asarray(y).astype(np.int64))
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, out))
+        """The loss's own code (a ``unitrain.losses`` loss is written in ops), run by the
+        TensorFlow ops module unitrain ships: Keras has no label smoothing or ignored index
+        for integer labels, and a loss of the user's is ops code anyway."""
+        if self.loss_fn.takes_labels:
+            targets = tf.convert_to_tensor(np.asarray(y).astype(np.int64))
+        else:
+            targets = tf.convert_to_tensor(np.asarray(y), tf.float32)
+        with ops.using(tensorflow_ops):
+            return self.loss_fn(out, targets)
 
     def forward(
         self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
@@ -178,8 +196,9 @@ class KerasNativeBackend:
         x, y = batch
         out = self._run(tf.convert_to_tensor(x, tf.float32), False)
         metrics = {"loss": self._loss(out, y)}
-        if self.options.loss == "cross_entropy":
-            hits = tf.equal(tf.argmax(out, axis=1), np.asarray(y).astype(np.int64))
+        if self.loss_fn.takes_labels:
+            labels = np.asarray(y).astype(np.int64).reshape(tuple(out.shape[:-1]))
+            hits = tf.equal(tf.argmax(out, axis=-1), labels)
             metrics["accuracy"] = tf.reduce_mean(tf.cast(hits, tf.float32))
         return metrics
 

@@ -1,6 +1,6 @@
 """losses: every built-in loss and a user's loss equal the float64 reference.
 
-Each check builds a model whose outputs are known, a ``Linear`` layer loaded with the identity
+Each check builds a model whose outputs are known, one linear layer loaded with the identity
 and a zero bias, so ``evaluate((logits, targets))`` gives the backend's loss of those logits,
 and compares it with the loss's own code run by the numpy ops in float64
 (:meth:`unitrain.losses.AbstractLoss.reference`): over the batch (the reduction, class
@@ -23,7 +23,7 @@ from unitrain import losses, ops, optim
 from unitrain.conformance._context import Context
 from unitrain.conformance._registry import add_check
 from unitrain.losses import AbstractLoss
-from unitrain.models import Linear
+from unitrain.models import MLP
 from unitrain.ops import Array
 
 __all__ = ["LogCosh"]
@@ -161,8 +161,9 @@ _CASES = (
 
 
 def _identity(ctx: Context, loss: AbstractLoss, classes: int, *, reference: bool = False) -> Any:
-    """A backend (or the float64 reference) of ``Linear(C, C)`` holding the identity."""
-    model = Linear(classes, classes)
+    """A backend (or the float64 reference) of one linear layer, ``MLP((C, C))``, holding
+    the identity: every backend of portable models builds it, portable layers or not."""
+    model = MLP((classes, classes))
     fields: dict[str, Any] = {"loss": loss, "optimizer": optim.SGD()}
     backend = ctx.reference(model, **fields) if reference else ctx.make(model, **fields)
     state = backend.state_dict()

@@ -387,6 +387,15 @@ class FusedNumpy(NumpyBackend):
         return loss
 
 
+class MultiStepNumpy(FusedNumpy):
+    """A correct multi-step call: ``train_steps`` is ``k`` fused steps, numbered on."""
+
+    def train_steps(self, batches: Any, lrs: Any, *, step: int | None = None) -> Any:
+        first, rows = self._numbers.at(step), zip(batches[0], batches[1], lrs)
+        losses = [self.train_step((x, y), lr, step=first + i) for i, (x, y, lr) in enumerate(rows)]
+        return np.array(losses)
+
+
 class FusedStepSkipsClipping(FusedNumpy):
     """Forgets clipping in the fused path (the plain path clips)."""
 

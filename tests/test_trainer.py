@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from _backends import backend_param
+from _faulty_backends import MultiStepNumpy
 
 from unitrain import (
     ArrayLoader,
@@ -497,27 +498,12 @@ def test_metrics_through_predict_equal_metrics_on_the_device():
         assert host[key] == pytest.approx(device[key], rel=1e-12), key
 
 
-class _MultiStepNumpy(NumpyBackend):
-    """The reference with the optional fast paths, each defined as the plain calls."""
-
-    def train_step(self, batch, lr, *, step=None):
-        loss = self.forward(batch, step=step, micro_batch=0)
-        self.backward()
-        self.step(lr)
-        return loss
-
-    def train_steps(self, batches, lrs, *, step=None):
-        first, rows = self._numbers.at(step), zip(batches[0], batches[1], lrs)
-        losses = [self.train_step((x, y), lr, step=first + i) for i, (x, y, lr) in enumerate(rows)]
-        return np.array(losses)
-
-
 def test_steps_per_call_leftovers_train_one_fused_update_each():
     """Five batches with steps_per_call=2: two stacked calls, then the fifth batch alone
     through train_step, with its own LR and size. The run equals the plain one."""
     x, y = small_data(n=36)  # batches of 8, 8, 8, 8 and 4
     runs = []
-    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 2)):
+    for backend, steps in ((NumpyBackend, 1), (MultiStepNumpy, 2)):
         monitor = callbacks.LRMonitor("step")
         trainer = Trainer(
             models.MLP((4, 8, 3)),
@@ -559,7 +545,7 @@ def test_multi_step_calls_train_a_chunk_of_mixed_sizes_one_batch_at_a_time():
     edges = np.cumsum([0, 8, 4, 8, 8, 8, 8])  # a mixed chunk, then a full one of 8s
     batches = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(edges)]
     runs = []
-    for backend, steps in ((NumpyBackend, 1), (_MultiStepNumpy, 3)):
+    for backend, steps in ((NumpyBackend, 1), (MultiStepNumpy, 3)):
         recorder = _CallRecorder()
         trainer = Trainer(
             models.MLP((4, 8, 3)),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _backends import backend_param
+from _faulty_backends import MultiStepNumpy
 
 from unitrain import (
     ArrayLoader,
@@ -38,21 +39,6 @@ def small_data(n=64, seed=0):
 
 
 TRAIN, VAL = small_data(64), small_data(40, seed=1)
-
-
-class _MultiStepNumpy(NumpyBackend):
-    """The reference with a multi-step call, defined as the plain updates one by one."""
-
-    def train_step(self, batch, lr, *, step=None):
-        loss = self.forward(batch, step=step, micro_batch=0)
-        self.backward()
-        self.step(lr)
-        return loss
-
-    def train_steps(self, batches, lrs, *, step=None):
-        first, rows = self._numbers.at(step), zip(batches[0], batches[1], lrs)
-        losses = [self.train_step((x, y), lr, step=first + i) for i, (x, y, lr) in enumerate(rows)]
-        return np.array(losses)
 
 
 class _CountingEvaluations(NumpyBackend):
@@ -153,7 +139,7 @@ def test_a_multi_step_call_is_shrunk_so_that_max_steps_is_not_overshot():
     config = TrainerConfig(epochs=5, batch_size=8, dtype="float64", max_steps=11)
     multi = trainer_for(
         dataclasses.replace(config, steps_per_call=4),
-        backend=_MultiStepNumpy,
+        backend=MultiStepNumpy,
         hooks=[seen],
     )
     multi.fit(loader())
@@ -210,7 +196,7 @@ def test_two_simulated_workers_validate_by_steps_as_one_worker_does():
 def test_validation_by_steps_under_multi_step_calls_happens_at_the_call_that_crosses_n():
     trainer = trainer_for(
         TrainerConfig(epochs=1, batch_size=8, steps_per_call=4, val_every_n_steps=3),
-        backend=_MultiStepNumpy,
+        backend=MultiStepNumpy,
     )
     trainer.fit(loader(), VAL)
     assert [row["step"] for row in trainer.step_history] == [4, 8]  # 3 and 6 crossed

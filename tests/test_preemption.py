@@ -215,11 +215,11 @@ def test_a_failed_background_save_surfaces_at_the_next_update(tmp_path, monkeypa
     thread may fail after either), saves that step synchronously and says so, or stops."""
     commit, failures, fail_times = _write._Staged.commit, [], [1]
 
-    def failing_commit(self) -> None:
+    def failing_commit(self, guard=None) -> None:
         if len(failures) < fail_times[0]:
             failures.append(self.target.name)
             raise CheckpointError(f"{self.target}: could not save the checkpoint: [Errno 28]")
-        commit(self)
+        commit(self, guard)
 
     monkeypatch.setattr(_write._Staged, "commit", failing_commit)
     trainer = make(tmp_path / "a")

@@ -23,7 +23,7 @@ import numpy as np
 from unitrain import optim
 from unitrain.backends.jax.layers import layers_apply
 from unitrain.backends.jax.model import dropout_key, loss_function
-from unitrain.backends.jax.optimizers import build_optimizer, guarded_update
+from unitrain.backends.jax.optimizers import guarded_update, optimizer_for
 from unitrain.backends.jax.precision import (
     MATMUL_ALGORITHMS,
     advance_scaler,
@@ -137,7 +137,7 @@ def build_functions(
     """
     apply = model if callable(model) else layers_apply(model)
     loss_fn, classification = loss_function(loss)
-    optimizer_at = build_optimizer(optimizer_spec)
+    optimizer_at = optimizer_for(optimizer_spec)
     counts: collections.Counter[str] = collections.Counter()
 
     def jit(fn: Any, **options: Any) -> Any:

@@ -11,7 +11,7 @@ Parameter groups (:class:`unitrain.optim.Group`) run in ops: each leaf takes its
 options and learning rate, found by its canonical name when the update is traced, so they
 cost nothing per step. optax's SGD, which knows no groups, steps aside for them.
 
-:func:`build_optimizer` returns a function of the learning rate, which the jitted update
+:func:`optimizer_for` returns a function of the learning rate, which the jitted update
 calls with its traced ``lr`` argument: a new learning rate every step never recompiles, and
 the optimizer state holds only the moment buffers and the count (no learning-rate leaves, as
 ``optax.inject_hyperparams`` would add: each leaf of the donated state costs ~0.7 µs per call).
@@ -34,7 +34,7 @@ __all__ = [
     "OPTIMIZERS",
     "InOps",
     "InOpsState",
-    "build_optimizer",
+    "optimizer_for",
     "export_slots",
     "guarded_update",
     "import_slots",
@@ -128,7 +128,7 @@ def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:
 OPTIMIZERS: dict[type[optim.AbstractOptimizer], Callable[[Any], Any]] = {optim.SGD: _sgd}
 
 
-def build_optimizer(spec: optim.AbstractOptimizer) -> Callable[[Any], Any]:
+def optimizer_for(spec: optim.AbstractOptimizer) -> Callable[[Any], Any]:
     """``spec``'s update at a given learning rate (traced or not): an optax transformation
     from :data:`OPTIMIZERS`, else :class:`InOps` running its update in ops.
 
@@ -139,7 +139,7 @@ def build_optimizer(spec: optim.AbstractOptimizer) -> Callable[[Any], Any]:
         ConfigError: the optimizer has no native form here and no update in ops.
 
     Examples:
-        >>> opt = build_optimizer(optim.SGD(momentum=0.9))
+        >>> opt = optimizer_for(optim.SGD(momentum=0.9))
         >>> state = opt(0.1).init({"w": jnp.zeros(2)})
         >>> [type(node).__name__ for node in jax.tree.leaves(state, is_leaf=_is_slot_node)]
         ['TraceState']

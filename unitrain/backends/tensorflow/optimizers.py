@@ -31,7 +31,7 @@ __all__ = [
     "OPTIMIZERS",
     "global_norm",
     "in_ops",
-    "rule_for",
+    "optimizer_for",
     "update_parameters",
 ]
 
@@ -50,7 +50,7 @@ def bind(options: _Options, model: Any, params: Mapping[str, tf.Variable]) -> _O
     """
     options = optim.bind_options(options, model)
     spec = options.optimizer  # type: ignore[attr-defined]
-    rule_for(spec)  # refuse, now, one that cannot run
+    optimizer_for(spec)  # refuse, now, one that cannot run
     if spec.groups:
         for name, variable in params.items():
             if _name_of(variable) != name:
@@ -129,7 +129,7 @@ def update_parameters(
         lr: learning rate, a scalar tensor of the parameters' dtype (never a constant, so a new
             value every step does not retrace).
     """
-    rule_for(spec)(spec, params, grads, slots, step, lr)
+    optimizer_for(spec)(spec, params, grads, slots, step, lr)
 
 
 def in_ops(
@@ -191,7 +191,7 @@ _Rule = Callable[..., None]
 OPTIMIZERS: dict[type[optim.AbstractOptimizer], _Rule] = {optim.SGD: _sgd}
 
 
-def rule_for(spec: optim.AbstractOptimizer) -> _Rule:
+def optimizer_for(spec: optim.AbstractOptimizer) -> _Rule:
     """The native form of ``spec`` from :data:`OPTIMIZERS`, else its update in ops.
 
     Raises:

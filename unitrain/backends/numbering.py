@@ -75,6 +75,20 @@ class UpdateNumbers:
         self.step, self.micro_batch = first + updates, 0
         return first
 
+    def jumped(self, step: int | None) -> bool:
+        """Whether the caller's ``step`` differs from the own count (a resume, a direct
+        caller's jump); the count moves there. A backend that keeps the step on its device
+        writes it there only then.
+
+        >>> numbers = UpdateNumbers()
+        >>> numbers.jumped(0), numbers.jumped(None), numbers.jumped(5), numbers.step
+        (False, False, True, 5)
+        """
+        if step is None or step == self.step:
+            return False
+        self.loaded(step)
+        return True
+
     def loaded(self, step: int) -> None:
         """State was loaded whose optimizer had made ``step`` updates."""
         self.step, self.micro_batch = int(step), 0

@@ -238,10 +238,9 @@ class JaxBackend:
     def _follow(self, step: int | None) -> None:
         """Set the device's dropout key step to the caller's ``step`` where it differs from
         the count both keep (after a resume, or a direct caller's jump): one write, rare."""
-        if step is not None and step != self._numbers.step:
-            counters = self._state.counters.at[KEY_STEP].set(np.int32(step))
+        if self._numbers.jumped(step):
+            counters = self._state.counters.at[KEY_STEP].set(np.int32(self._numbers.step))
             self._state = self._state._replace(counters=counters)
-            self._numbers.loaded(step)
 
     def forward(
         self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None

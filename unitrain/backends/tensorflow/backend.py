@@ -225,9 +225,8 @@ class TensorFlowBackend(CompiledGraphs):
     def _follow(self, step: int | None) -> None:
         """Set the dropout key's step variable to the caller's ``step`` where it differs from
         the count both keep (after a resume, or a direct caller's jump): one write, rare."""
-        if step is not None and step != self._numbers.step:
+        if self._numbers.jumped(step):
             self.key_step.assign(step)
-            self._numbers.loaded(step)
 
     def forward(
         self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None

@@ -100,6 +100,11 @@ LAYER_CASES: tuple[tuple[str, AbstractLayer, tuple[int, ...]], ...] = (
         TransformerBlock(8, 2, mlp_ratio=1.5, norm="post", activation="relu"),
         (2, 4, 8),
     ),
+    (
+        "transformer_no_bias",
+        TransformerBlock(8, 2, mlp_ratio=2, causal=True, bias=False, norm_bias=False),
+        (2, 4, 8),
+    ),
     ("lstm", LSTM(3, 4), (2, 5, 3)),
     ("gru_last", GRU(3, 4, return_sequences=False), (2, 5, 3)),
     ("lstm_stateful", LSTM(3, 4, batch_size=2), (2, 5, 3)),

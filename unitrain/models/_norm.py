@@ -10,6 +10,7 @@ import numpy as np
 from unitrain import ops
 from unitrain._errors import DataError
 from unitrain.models._base import AbstractLayer, Shape, check_float, check_int, set_checked
+from unitrain.models._basic import check_bool
 from unitrain.models._scope import Scope
 
 __all__ = ["BatchNorm", "LayerNorm"]
@@ -135,24 +136,30 @@ class LayerNorm(AbstractLayer, type_name="layer_norm"):
 
     ``eps`` defaults to torch's 1e-5 (Keras uses 1e-3) and sits inside the square root
     (``1 / (std + eps)`` differs by up to 8e-2 for rows of small spread). The variance is the
-    biased one.
+    biased one. ``bias=False`` leaves ``b`` out (no ``bias`` parameter), as GPT models written
+    with torch's ``nn.LayerNorm(bias=False)`` do.
     """
 
     num_features: int
     eps: float = 1e-5
+    bias: bool = True
 
     def __post_init__(self) -> None:
         set_checked(self, "num_features", check_int("LayerNorm", "num_features", self.num_features))
         set_checked(self, "eps", _check_eps("LayerNorm", self.eps))
+        check_bool("LayerNorm", "bias", self.bias)
 
     def own_param_shapes(self) -> dict[str, Shape]:
-        return {"weight": (self.num_features,), "bias": (self.num_features,)}
+        shapes = {"weight": (self.num_features,), "bias": (self.num_features,)}
+        return shapes if self.bias else {"weight": shapes["weight"]}
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}
+        values = {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}
+        return values if self.bias else {"weight": values["weight"]}
 
     def forward(self, scope: Scope, x: Any) -> Any:
-        return ops.layer_norm(x, scope.param("weight"), scope.param("bias"), self.eps)
+        bias = scope.param("bias") if self.bias else None
+        return ops.layer_norm(x, scope.param("weight"), bias, self.eps)
 
     def _output_shape(self, shape: Shape) -> Shape:
         if not shape or shape[-1] != self.num_features:

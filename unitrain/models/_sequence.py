@@ -241,6 +241,8 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
         attention_dropout: on the attention weights.
         hidden: the feed-forward width.
         bias: whether the projections and the feed-forward layers have biases.
+        norm_bias: whether the two LayerNorms have biases (GPT-2 style models written with
+            ``bias=False`` leave them out too: give both).
     """
 
     dim: int
@@ -253,6 +255,7 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
     attention_dropout: float = 0.0
     hidden: int | None = None
     bias: bool = True
+    norm_bias: bool = True
 
     def __post_init__(self) -> None:
         owner = "TransformerBlock"
@@ -273,7 +276,8 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
         if self.norm not in ("pre", "post"):
             raise ConfigError(f"{owner}: norm must be 'pre' or 'post', got norm={self.norm!r}")
         activation_function(owner, self.activation)
-        self.children()  # the attention checks dim, heads, causal, attention_dropout, bias
+        self.children()  # the attention checks dim, heads, causal, attention_dropout, bias;
+        # the norms check norm_bias
 
     @property
     def width(self) -> int:
@@ -285,9 +289,9 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
             self.dim, self.heads, self.causal, self.attention_dropout, self.bias
         )
         return (
-            ("norm1", LayerNorm(self.dim)),
+            ("norm1", LayerNorm(self.dim, bias=self.norm_bias)),
             ("attention", attention),
-            ("norm2", LayerNorm(self.dim)),
+            ("norm2", LayerNorm(self.dim, bias=self.norm_bias)),
             ("fc1", Linear(self.dim, self.width, self.bias)),
             ("fc2", Linear(self.width, self.dim, self.bias)),
         )

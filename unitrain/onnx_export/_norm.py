@@ -27,7 +27,9 @@ def _batch_norm(graph: Graph, layer: BatchNorm, prefix: str, x: Value) -> Value:
 
 def _layer_norm(graph: Graph, layer: LayerNorm, prefix: str, x: Value) -> Value:
     x = graph.channels_last(x, prefix)
-    inputs = [x.name, graph.weight(prefix, "weight"), graph.weight(prefix, "bias")]
+    inputs = [x.name, graph.weight(prefix, "weight")]
+    if layer.bias:  # LayerNormalization's bias input is optional
+        inputs.append(graph.weight(prefix, "bias"))
     y = graph.op("LayerNormalization", inputs, prefix, axis=-1, epsilon=layer.eps)
     return dataclasses.replace(x, name=y)
 

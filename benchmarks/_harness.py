@@ -210,7 +210,11 @@ def _measure_workload(
     for worker in list(active):
         try:
             event = worker.receive(START_TIMEOUT)
-            data[worker.method.name] = {"seconds": [], "losses": [event.get("loss")]}
+            data[worker.method.name] = {
+                "seconds": [],
+                "cpu_seconds": [],
+                "losses": [event.get("loss")],
+            }
         except WorkerError as error:
             fail(worker, error)
     rng = np.random.default_rng(seed)
@@ -225,6 +229,7 @@ def _measure_workload(
                 data.pop(worker.method.name, None)
                 continue
             data[worker.method.name]["seconds"].append(event["seconds"])
+            data[worker.method.name]["cpu_seconds"].append(event["cpu_seconds"])
             data[worker.method.name]["losses"].append(event.get("loss"))
         progress(f"{workload.name}: round {round_index + 1}/{repeats} done")
     for worker in list(active):
@@ -236,6 +241,7 @@ def _measure_workload(
             data.pop(worker.method.name, None)
     for entry in data.values():
         entry["us_per_step"] = [s / steps * 1e6 for s in entry["seconds"]]
+        entry["cpu_us_per_step"] = [s / steps * 1e6 for s in entry["cpu_seconds"]]
     return {
         "description": workload.describe(),
         "steps_per_segment": steps,

@@ -4,7 +4,8 @@
 JSON lines: commands on stdin, events on the original stdout (fd 1 is pointed at stderr, so a
 framework's prints cannot corrupt the protocol). For each ``run`` command it trains a
 workload for ``warmup + segments * segment_epochs`` epochs and pauses at the end of the
-warm-up and of every segment, reporting the segment's seconds, until the parent says ``go``.
+warm-up and of every segment, reporting the segment's wall and CPU seconds (the process's own
+CPU time, which other jobs on a shared machine disturb far less), until the parent says ``go``.
 
 ``python -m benchmarks._worker METHOD --free WORKLOAD EPOCHS`` trains without pausing and
 prints one JSON object with the peak resident memory (used for the memory comparison).
@@ -78,21 +79,26 @@ class PausingGate:
         self.warmup, self.segment_epochs = warmup, segment_epochs
         self.epochs = warmup + segment_epochs * segments
         self.done = 0
-        self.started = 0.0
+        self.started = self.cpu_started = 0.0
 
     def epoch_end(self, loss: float | None) -> None:
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         self.done += 1
         if self.done == self.warmup:
             self.channel.send(event="warm", loss=loss)
         elif self.done > self.warmup and (self.done - self.warmup) % self.segment_epochs == 0:
-            self.channel.send(event="segment", seconds=now - self.started, loss=loss)
+            self.channel.send(
+                event="segment",
+                seconds=now - self.started,
+                cpu_seconds=cpu_now - self.cpu_started,
+                loss=loss,
+            )
         else:
             return
         command = self.channel.receive()
         if command["cmd"] not in ("go", "finish"):
             raise RuntimeError(f"unexpected command {command!r} inside a run")
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
 
 class FreeGate:

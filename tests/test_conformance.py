@@ -24,6 +24,7 @@ from unitrain.backends.numpy import NumpyBackend
 from unitrain.cli import main
 from unitrain.conformance import REPORT_SCHEMA, all_checks, check_backend, run
 from unitrain.conformance._registry import FAMILIES, keyword_matcher, xfail_reason
+from unitrain.conformance._runner import plan, resolve_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,16 +36,43 @@ def _assert_conforms(results: list, minimum: int = 60) -> None:
     assert len(ran) >= minimum, f"only {len(ran)} checks ran"
 
 
-@pytest.mark.harness  # CI, 2 workers: TensorFlow ~10 min, JAX ~5, torch ~3, numpy ~1.5
+@pytest.mark.harness  # CI: the TensorFlow kit's largest family takes ~2 min on 2 workers
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", backends())
-def test_backend_conforms_in_every_declared_dtype(backend):
-    """The whole kit, in every dtype the backend declares (read from its capabilities, so a
-    newly declared dtype is held to the kit at once), on the CPU."""
+def test_backend_conforms_in_every_declared_dtype(backend, family):
+    """The whole kit, one family per item, in every dtype the backend declares (read from its
+    capabilities, so a newly declared dtype is held to the kit at once), on the CPU.
+
+    One item per backend and family (not per backend) lets pytest-xdist's workers share a
+    backend's kit: with one item per backend, one worker ran TensorFlow's whole kit alone.
+    Every check of the family runs exactly once per dtype; the families are the registry's
+    (see test_the_harness_items_run_every_check_once).
+    """
     declared = get_backend(backend).capabilities.dtypes
-    results = check_backend(backend, device="cpu", dtypes=list(declared))
-    assert {r.dtype for r in results} == set(declared)
+    results = check_backend(backend, device="cpu", dtypes=list(declared), keyword=f"{family}::")
+    assert sorted(r.id for r in results) == sorted(_family_ids(family, declared))
     for dtype in declared:
-        _assert_conforms([r for r in results if r.dtype == dtype])
+        _assert_conforms([r for r in results if r.dtype == dtype], minimum=1)
+    # The whole kit's size, which no single item sees run: >= 60 checks planned per dtype.
+    planned, _ = plan(resolve_backend(backend), device="cpu")
+    for dtype in declared:
+        runnable = [p for p in planned if p.dtype == dtype and p.skip_reason is None]
+        assert len(runnable) >= 60, f"only {len(runnable)} {dtype} checks are planned to run"
+
+
+def _family_ids(family: str, dtypes) -> list[str]:
+    return [c.id("cpu", d) for d in dtypes for c in all_checks() if c.family == family]
+
+
+def test_the_harness_items_run_every_check_once():
+    """The harness's items (one per family, selected by ``family::``) together plan the whole
+    kit, each check exactly once (no family's word selects another's checks)."""
+    assert {c.family for c in all_checks()} == set(FAMILIES)  # the items' parameter
+    backend = resolve_backend("numpy")
+    whole, _ = plan(backend, device="cpu")
+    split = [p for f in FAMILIES for p in plan(backend, device="cpu", keyword=f"{f}::")[0]]
+    assert sorted(p.id for p in split) == sorted(p.id for p in whole)
+    assert len(split) == len({p.id for p in split})
 
 
 def test_registry_has_stable_unique_ids_in_every_family():

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy loader below provides, for type checkers and 
     from unitrain.backends.registry import get_backend, list_backends
     from unitrain.data import ArrayLoader
     from unitrain.export import export_weights
+    from unitrain.native_export import export_native
     from unitrain.onnx_export import export_onnx
     from unitrain.recipes import Recipe, load_recipe
     from unitrain.training.config import TrainerConfig
@@ -42,6 +43,7 @@ _LAZY = {
     "load_recipe": "unitrain.recipes",
     "export_weights": "unitrain.export",
     "export_onnx": "unitrain.onnx_export",
+    "export_native": "unitrain.native_export",
     "models": "unitrain.models",
     "optim": "unitrain.optim",
     "schedules": "unitrain.schedules",
@@ -93,6 +95,7 @@ __all__ = [
     "UnitrainError",
     "__version__",
     "callbacks",
+    "export_native",
     "export_onnx",
     "export_weights",
     "get_backend",

@@ -25,7 +25,7 @@ from unitrain.onnx_export import _dense, _image, _norm, _recurrent, _sequence
 from unitrain.onnx_export._graph import Converter, Graph, Value
 from unitrain.onnx_export._traced import convert_by_ops
 
-__all__ = ["CONVERTERS", "OPSET", "OPSETS", "export_onnx", "onnx_model"]
+__all__ = ["CONVERTERS", "OPSET", "OPSETS", "example_shape", "export_onnx", "onnx_model"]
 
 #: The ONNX opset written by default: 18 has every operator used here (LayerNormalization
 #: since 17, ReduceMean with axes as an input since 18) and onnxruntime runs it everywhere.
@@ -43,9 +43,13 @@ CONVERTERS: dict[type, Converter] = {
 }
 
 
-def _example_shape(model: AbstractLayer, input_shape: Sequence[int] | None) -> Shape:
+def example_shape(
+    model: AbstractLayer, input_shape: Sequence[int] | None, caller: str = "export_onnx"
+) -> Shape:
     """The shape of one input example: given, or read from a model that starts with a
-    dense layer (any other model needs it given: an image's size is not in the model)."""
+    dense layer (any other model needs it given: an image's size is not in the model).
+    The native exports that need a fixed input (a Keras model, a serialized program) ask
+    for it the same way."""
     if input_shape is not None:
         shape = tuple(int(n) for n in input_shape)
         model.output_shape(shape)  # DataError naming the layer if the model cannot read it
@@ -58,7 +62,7 @@ def _example_shape(model: AbstractLayer, input_shape: Sequence[int] | None) -> S
     if isinstance(first, Linear):
         return (first.in_features,)
     raise ConfigError(
-        f"export_onnx: the input shape of {model.describe()} is not in the model (it starts "
+        f"{caller}: the input shape of {model.describe()} is not in the model (it starts "
         f"with {type(first).__name__}); pass input_shape= the shape of one example, e.g. "
         "(28, 28, 1) for images or (128,) for sequences of 128 token ids"
     )
@@ -86,7 +90,7 @@ def onnx_model(
         raise MissingFrameworkError(
             "export_onnx needs the onnx package: pip install 'unitrain[onnx]'"
         ) from error
-    shape = _example_shape(model, input_shape)
+    shape = example_shape(model, input_shape)
     graph = Graph(weights, CONVERTERS, convert_by_ops)
     tokens = model.input_kind == "tokens"
     out = graph.channels_last(graph.layer(model, "", Value("input", shape)), "")

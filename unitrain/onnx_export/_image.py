@@ -3,6 +3,8 @@ channels-last tensors, with kernels rearranged from the canonical layouts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from unitrain.models import (
     AvgPool2d,
     Conv1d,
@@ -15,7 +17,7 @@ from unitrain.models import (
 from unitrain.models._base import as_pair
 from unitrain.onnx_export._graph import Converter, Graph, Value
 
-__all__ = ["CONVERTERS", "same_padding"]
+__all__ = ["CONVERTERS", "conv_padding", "same_padding"]
 
 
 def same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
@@ -31,18 +33,27 @@ def _per_axis(value: object) -> list[int]:
     return [int(n) for n in value]
 
 
-def _conv(graph: Graph, layer: Conv2d | Conv1d, prefix: str, x: Value) -> Value:
+def conv_padding(layer: Conv2d | Conv1d, spatial: Sequence[int]) -> list[tuple[int, int]]:
+    """The zeros ``(before, after)`` a convolution adds on each spatial axis of an input
+    whose spatial sizes are ``spatial``: explicit, none (``"valid"``) or TensorFlow's
+    ``"same"`` (the native exports pad the same way as this file's ``Conv`` nodes)."""
     kernel_size, stride, dilation = (
         _per_axis(getattr(layer, name)) for name in ("kernel_size", "stride", "dilation")
     )
     if layer.padding == "same":
-        pairs = [
+        return [
             same_padding(size, k, s, d)
-            for size, k, s, d in zip(x.shape[:-1], kernel_size, stride, dilation)
+            for size, k, s, d in zip(spatial, kernel_size, stride, dilation)
         ]
-    else:
-        sizes = [0] * layer.rank if layer.padding == "valid" else _per_axis(layer.padding)
-        pairs = [(p, p) for p in sizes]
+    sizes = [0] * layer.rank if layer.padding == "valid" else _per_axis(layer.padding)
+    return [(p, p) for p in sizes]
+
+
+def _conv(graph: Graph, layer: Conv2d | Conv1d, prefix: str, x: Value) -> Value:
+    kernel_size, stride, dilation = (
+        _per_axis(getattr(layer, name)) for name in ("kernel_size", "stride", "dilation")
+    )
+    pairs = conv_padding(layer, x.shape[:-1])
     # (*window, in / groups, out) -> (out, in / groups, *window)
     kernel = graph.array(prefix, "weight")
     order = (layer.rank + 1, layer.rank, *range(layer.rank))

@@ -1,6 +1,7 @@
 """Callbacks: hooks into the training loop whose state survives checkpoints and resumes."""
 
 from unitrain.callbacks._base import HOOKS, Callback, CallbackList, callback_from_dict
+from unitrain.callbacks.csv_tracker import CSVTracker
 from unitrain.callbacks.early_stopping import EarlyStopping
 from unitrain.callbacks.loggers import ConsoleLogger, CSVLogger, JSONLLogger
 from unitrain.callbacks.lr_monitor import LRMonitor
@@ -15,6 +16,7 @@ from unitrain.callbacks.trackers import TrackerLogger
 __all__ = [
     "HOOKS",
     "CSVLogger",
+    "CSVTracker",
     "Callback",
     "CallbackList",
     "ConsoleLogger",

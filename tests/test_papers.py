@@ -55,3 +55,46 @@ def test_char_transformer_reads_characters_and_predicts_the_next(monkeypatch):
     backend.step(0.01)
     assert np.log(vocabulary) * 0.7 < first < np.log(vocabulary) * 1.6
     assert float(backend.evaluate(batch)["loss"]) < first
+
+
+def test_nanogpt_port_keeps_the_scripts_pieces(monkeypatch):
+    """The port's head is the token embedding, its rates are get_lr's, its decay skips norms."""
+    import math
+
+    monkeypatch.syspath_prepend(str(PAPERS))
+    import nanogpt
+
+    config = dict(nanogpt.CONFIG, max_iters=30, lr_decay_iters=30, warmup_iters=5)
+    config.update(eval_interval=10, eval_iters=2, n_layer=1, n_embd=16, block_size=8)
+    recipe = nanogpt.recipe(config)
+    shapes = recipe.model.param_shapes()
+    assert not any("bias" in name for name in shapes)  # bias=False, norms included
+    vocabulary = shapes["wte.weight"][0]
+    assert not any(vocabulary in shape for name, shape in shapes.items() if name != "wte.weight")
+
+    def get_lr(it: int) -> float:  # nanoGPT train.py, with this config's numbers
+        lr, warmup, decay, min_lr = 1e-3, 5, 30, 1e-4
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        if it > decay:
+            return min_lr
+        coeff = 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (decay - warmup)))
+        return min_lr + coeff * (lr - min_lr)
+
+    assert [recipe.schedule(t) for t in range(35)] == pytest.approx([get_lr(t) for t in range(35)])
+    (group,) = recipe.optimizer.groups
+    assert group.match == ("LayerNorm",) and dict(group.overrides) == {"weight_decay": 0.0}
+
+    params = recipe.model.init_params(seed=0)
+    assert np.all(params["ln_f.weight"] == 1.0)
+    assert np.std(params["h0.fc2.weight"]) == pytest.approx(0.02 / math.sqrt(2), rel=0.1)
+
+    # The tied head, by hand with no blocks: logits = LayerNorm(wte[ids] + wpe) @ wte.T.
+    bare = nanogpt.GPT(vocab_size=11, block_size=8, n_layer=0, n_head=2, n_embd=4, bias=False)
+    backend = get_backend("numpy")(bare, BackendOptions(optimizer=optim.Adam(), dtype="float64"))
+    weights = {k.removeprefix("model."): v for k, v in backend.state_dict().items()}
+    ids = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    h = weights["wte.weight"][ids] + weights["wpe.weight"][:5]
+    h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    expected = (h * weights["ln_f.weight"]) @ weights["wte.weight"].T
+    np.testing.assert_allclose(np.asarray(backend.predict(ids)), expected, rtol=1e-12)

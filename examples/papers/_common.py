@@ -8,6 +8,7 @@ named by ``--backend`` (or ``UNITRAIN_BACKEND``) and writes the per-epoch histor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from unitrain import ArrayLoader, Trainer, TrainerConfig, callbacks
-from unitrain.recipes import load_digits
+from unitrain.recipes import Recipe, load_digits
 
 
 def arguments(description: str, epochs: int, **extra: Any) -> argparse.Namespace:
@@ -69,15 +70,42 @@ def run(
             deterministic=True,
         ),
     )
+    return _fit_and_save(recipe, args, trainer, train, (x_val, y_val))
+
+
+def train_recipe(name: str, args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
+    """Train a :class:`~unitrain.recipes.Recipe` whose data is a ``(train, val)`` pair and
+    which validates every ``val_every_n_steps`` updates; ``--stop-after K`` ends the run after
+    K of those validations. Saves what :func:`run` saves, one row per validation."""
+    config = recipe.config
+    if args.stop_after:
+        config = dataclasses.replace(config, max_steps=args.stop_after * config.val_every_n_steps)
+    trainer = Trainer(
+        recipe.model,
+        backend=args.backend,
+        optimizer=recipe.optimizer,
+        schedule=recipe.schedule,
+        loss=recipe.loss,
+        callbacks=[callbacks.ProgressBar()],
+        config=dataclasses.replace(config, device=args.device),
+    )
+    train, val = recipe.data
+    return _fit_and_save(name, args, trainer, train, val)
+
+
+def _fit_and_save(
+    recipe: str, args: argparse.Namespace, trainer: Trainer, train: Any, val: Any
+) -> dict[str, Any]:
     start = time.perf_counter()
-    history = trainer.fit(train, (x_val, y_val))
+    history = trainer.fit(train, val)
     seconds = time.perf_counter() - start
+    rows = trainer.step_history or history  # validations by steps, else by epochs
     result = {
         "recipe": recipe,
         "backend": trainer.backend.name,
         "versions": trainer.backend.versions(),
         "seconds": round(seconds, 1),
-        "history": [{k: v for k, v in row.items() if k != "seconds"} for row in history],
+        "history": [{k: v for k, v in row.items() if k != "seconds"} for row in rows],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 from test_export_onnx import TOLERANCE, _error, _input, _paper_models, _reference_trainer
 
 from unitrain import ConfigError, Trainer, export_native, export_weights, ops
+from unitrain.cli import main
 from unitrain.conformance._layer_cases import LAYER_CASES
 from unitrain.models import LSTM, MLP, AbstractLayer, Conv2d, Linear, Scope, Sequential
 
@@ -26,8 +28,18 @@ REFUSED = {
     ("keras", "attention_rotary"): "no rotary positions",
     ("keras", "lstm_stateful"): "stateful Keras layer",
 }
-#: Cases of the default run: one per family (image, norm, sequence, recurrent, composite).
-QUICK = ("cnn", "conv_same_dilated_grouped", "conv_transpose", "transformer_post_ln", "gru_last")
+#: The default run's cases: one per family in torch, two in JAX (its eager ops are slow on
+#: a small CPU); Keras builds, and TensorFlow's import, take long enough that its checks
+#: are harness tests only, with the sweep over every case.
+QUICK = [
+    *[
+        ("torch", name)
+        for name in ("cnn", "conv_same_dilated_grouped", "conv_transpose", "transformer_post_ln")
+    ],
+    ("torch", "gru_last"),
+    ("jax", "cnn"),
+    ("jax", "gru_last"),
+]
 CASES = {case[0]: case for case in LAYER_CASES}
 
 
@@ -68,8 +80,7 @@ def _check_case(framework: str, name: str) -> None:
     assert f"has no {framework} form" in str(caught.value)
 
 
-@pytest.mark.parametrize("framework", ["torch", "keras", "jax"])
-@pytest.mark.parametrize("name", QUICK)
+@pytest.mark.parametrize(("framework", "name"), QUICK)
 def test_a_case_of_each_family_matches_predict(framework, name):
     _check_case(framework, name)
 
@@ -120,6 +131,7 @@ def test_the_mlp_module_loads_export_weights():
     np.testing.assert_allclose(got, trainer.predict(x), atol=1e-6)
 
 
+@pytest.mark.harness
 def test_keras_takes_its_own_weights_back_and_keeps_the_layout():
     pytest.importorskip("keras")
     _, model, shape = CASES["cnn"]
@@ -132,6 +144,7 @@ def test_keras_takes_its_own_weights_back_and_keeps_the_layout():
     assert all(np.array_equal(a, b) for a, b in zip(keras_model.get_weights(), weights))
 
 
+@pytest.mark.harness
 def test_keras_needs_the_input_shape_of_a_model_that_does_not_start_dense():
     pytest.importorskip("keras")
     trainer = _reference_trainer(Sequential([Conv2d(1, 2, 3)]))
@@ -163,7 +176,9 @@ class Doubled(AbstractLayer, type_name="native_export_test_doubled"):
         return shape
 
 
-@pytest.mark.parametrize("framework", ["torch", "keras", "jax"])
+@pytest.mark.parametrize(
+    "framework", ["torch", pytest.param("keras", marks=pytest.mark.harness), "jax"]
+)
 def test_a_layer_of_your_own_is_refused_naming_it_and_the_framework(framework):
     pytest.importorskip({"keras": "keras"}.get(framework, framework))
     trainer = Trainer(Sequential([Linear(3, 3), Doubled()]), backend="numpy")
@@ -194,3 +209,85 @@ def test_importing_unitrain_does_not_import_the_exporters():
     code = "import sys, unitrain; print(sorted(m for m in sys.modules if 'native_export' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _checkpoint(tmp_path: Path, name: str) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A checkpoint of layer case ``name``, an input with another batch size than the
+    case's (the batch axis is free) and the reference's output on it."""
+    _, model, shape = CASES[name]
+    trainer = _reference_trainer(model)
+    x = _input(model, (shape[0] + 1, *shape[1:]))
+    expected = trainer.predict(x.astype(np.float64) if x.dtype.kind == "f" else x)
+    return trainer.save_checkpoint(tmp_path / name), x, expected
+
+
+@pytest.mark.harness
+def test_unitrain_export_writes_a_torch_program_and_a_jax_program_with_its_params(tmp_path):
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    from safetensors.numpy import load_file
+
+    checkpoint, x, expected = _checkpoint(tmp_path, "conv_same_dilated_grouped")
+    shape = ["--input-shape", ",".join(str(n) for n in x.shape[1:])]
+    out = tmp_path / "model.pt2"
+    assert main(["export", str(checkpoint), "--format", "torch", "--out", str(out), *shape]) == 0
+    program = torch.export.load(out).module()
+    assert _error(program(torch.from_numpy(x)).detach().numpy(), expected) < TOLERANCE
+    out = tmp_path / "model.jax"
+    assert main(["export", str(checkpoint), "--format", "jax", "--out", str(out), *shape]) == 0
+    exported = jax.export.deserialize(bytearray(out.read_bytes()))
+    params = load_file(tmp_path / "model.safetensors")
+    assert sorted(params) == ["bias", "weight"]  # canonical names
+    assert _error(np.asarray(exported.call(params, x)), expected) < TOLERANCE
+
+
+@pytest.mark.harness
+def test_unitrain_export_writes_a_keras_file_that_keras_loads(tmp_path):
+    keras = pytest.importorskip("keras")
+    import unitrain.native_export.keras_layers  # noqa: F401  # the positions' layers
+
+    for name in ("cnn", "positional_embedding"):
+        checkpoint, x, expected = _checkpoint(tmp_path, name)
+        out = tmp_path / f"{name}.keras"
+        shape = ",".join(str(n) for n in x.shape[1:])
+        args = ["export", str(checkpoint), "--format", "keras", "--out", str(out)]
+        assert main([*args, "--input-shape", shape]) == 0
+        model = keras.saving.load_model(out)
+        assert _error(np.asarray(model(x, training=False)), expected) < TOLERANCE
+
+
+@pytest.mark.harness
+def test_the_torch_and_jax_files_load_without_unitrain(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    checkpoint, x, expected = _checkpoint(tmp_path, "transformer_post_ln")
+    np.save(tmp_path / "x.npy", x)
+    shape = ["--input-shape", ",".join(str(n) for n in x.shape[1:])]
+    for fmt in ("torch", "jax"):
+        out = tmp_path / f"model.{'pt2' if fmt == 'torch' else 'jax'}"
+        assert main(["export", str(checkpoint), "--format", fmt, "--out", str(out), *shape]) == 0
+    code = (  # run in tmp_path: the files by their names
+        "import sys, numpy as np, torch, jax\n"
+        "from safetensors.numpy import load_file\n"
+        "x = np.load('x.npy')\n"
+        "program = torch.export.load('model.pt2').module()\n"
+        "np.save('torch.npy', program(torch.from_numpy(x)).detach().numpy())\n"
+        "exported = jax.export.deserialize(bytearray(open('model.jax', 'rb').read()))\n"
+        "np.save('jax.npy', np.asarray(exported.call(load_file('model.safetensors'), x)))\n"
+        "assert not [m for m in sys.modules if m.startswith('unitrain')]\n"
+    )
+    outputs = [tmp_path / "torch.npy", tmp_path / "jax.npy"]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    for path in outputs:
+        assert _error(np.load(path), expected) < TOLERANCE, path.name
+
+
+def test_unitrain_export_refuses_an_onnx_option_or_a_wrong_suffix_for_a_native_format(
+    tmp_path, capsys
+):
+    checkpoint, _, _ = _checkpoint(tmp_path, "linear")
+    assert main(["export", str(checkpoint), "--format", "jax", "--opset", "18"]) == 2
+    assert "--opset is for --format onnx, not jax" in capsys.readouterr().err
+    out = tmp_path / "model.onnx"
+    assert main(["export", str(checkpoint), "--format", "torch", "--out", str(out)]) == 2
+    assert "--format torch writes a .pt2 file; got --out" in capsys.readouterr().err

@@ -53,7 +53,7 @@ from unitrain.models import (
     Upsample,
 )
 from unitrain.models._base import Shape, as_pair
-from unitrain.native_export import _keras_layers
+from unitrain.native_export import keras_layers
 from unitrain.native_export._walk import Builder, Walker, join
 from unitrain.onnx_export._image import conv_padding
 
@@ -220,14 +220,14 @@ def _embedding(walker: KerasWalker, layer: Embedding, prefix: str, x: Any) -> An
 
 
 def _positional(walker: KerasWalker, layer: PositionalEmbedding, prefix: str, x: Any) -> Any:
-    positions = _keras_layers.LearnedPositions(layer.max_len, layer.dim)
+    positions = keras_layers.LearnedPositions(layer.max_len, layer.dim)
     return walker.use(positions, [walker.array(prefix, "weight")], x)
 
 
 def _sinusoidal(
     walker: KerasWalker, layer: SinusoidalPositionalEmbedding, prefix: str, x: Any
 ) -> Any:
-    return _keras_layers.SinusoidalPositions(x.shape[1], layer.dim, layer.base)(x)
+    return keras_layers.SinusoidalPositions(x.shape[1], layer.dim, layer.base)(x)
 
 
 def _attention(walker: KerasWalker, layer: MultiHeadAttention, prefix: str, x: Any) -> Any:

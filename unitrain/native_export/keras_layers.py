@@ -2,7 +2,7 @@
 
 Both are registered for serialization under the package ``unitrain``, so a ``.keras``
 file that holds them loads once this module is imported (``import
-unitrain.native_export._keras_layers``), or with them as ``custom_objects``.
+unitrain.native_export.keras_layers``), or with them as ``custom_objects``.
 """
 
 from __future__ import annotations

@@ -29,10 +29,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from unitrain._errors import ConfigError, DataError
+from unitrain.backends.sharded import Sharded, shard_requested, sharded_strategy_for
 
 __all__ = [
     "DataParallel",
     "LocalDeviceParallel",
+    "Sharded",
     "SimulatedWorkers",
     "SingleProcess",
     "Strategy",
@@ -226,24 +228,30 @@ class SimulatedWorkers:
         """Nothing to wait for."""
 
 
-def strategy_for(backend: Any, strategy: Strategy | int | None) -> Strategy:
+def strategy_for(backend: Any, strategy: Strategy | Sharded | int | None) -> Strategy:
     """The strategy a Trainer uses: the one given, N simulated workers, or the launcher's.
 
     Args:
         backend: the Trainer's backend.
         strategy: a :class:`Strategy`; an int N for :class:`SimulatedWorkers` (N workers'
-            arithmetic in this process); or None: the strategy of the launcher that started
-            this process (``torchrun``, ...) when the backend offers one, else one process.
+            arithmetic in this process); a :class:`~unitrain.backends.sharded.Sharded`
+            request for the backend's sharded engine; or None: the strategy of the launcher
+            that started this process (``torchrun``, ...) when the backend offers one (its
+            sharded one when the launcher set ``UNITRAIN_SHARD=1``), else one process.
     """
-    if strategy is None:
+    if strategy is None and shard_requested():  # unitrain train --workers N --shard
+        strategy = Sharded()
+    if isinstance(strategy, Sharded):
+        strategy = sharded_strategy_for(backend, strategy)
+    elif strategy is None:
         found = backend.launched_strategy() if isinstance(backend, DataParallel) else None
         strategy = found or SingleProcess()
     elif isinstance(strategy, int) and not isinstance(strategy, bool):
         strategy = SingleProcess() if strategy == 1 else SimulatedWorkers(strategy)
     if not isinstance(strategy, Strategy):
         raise ConfigError(
-            f"strategy must be a unitrain.backends.strategy.Strategy, an int or None, got "
-            f"{type(strategy).__name__}"
+            "strategy must be a unitrain.backends.strategy.Strategy, an int, Sharded or None, "
+            f"got {type(strategy).__name__}"
         )
     strategy.setup(backend)
     return strategy

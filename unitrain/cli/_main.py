@@ -268,6 +268,12 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="data-parallel workers on this machine, started by the engine's own launcher",
     )
+    training.add_argument(
+        "--shard",
+        action="store_true",
+        help="split parameters, gradients and optimizer state over the --workers (torch: "
+        "FSDP2) instead of giving each worker the whole model",
+    )
     training.set_defaults(handler=train)
     comparing = commands.add_parser(
         "compare", help="train a recipe on several backends and show the differences"

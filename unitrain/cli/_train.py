@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unitrain._errors import ConfigError, MissingFrameworkError
+from unitrain.backends.sharded import SHARD_ENV
 from unitrain.cli._launch import die_with_parent, forwarding_signals, launched_worker
 from unitrain.training._preemption import PREEMPTION_EXIT_STATUS
 
@@ -85,6 +86,11 @@ def train(args: argparse.Namespace) -> int:
 
     recipe = _recipe(args)
     backend = args.backend or default_backend_name()
+    if args.shard and args.workers < 2 and not launched_worker():
+        raise ConfigError(
+            f"--shard splits the model over several workers; add --workers N (N >= 2), got "
+            f"--workers {args.workers}"
+        )
     if args.workers != 1:
         return _launch_workers(backend, args)
     quiet_framework_import(backend)
@@ -177,6 +183,8 @@ def _launch_workers(backend: str, args: argparse.Namespace) -> int:
     again = [a for a in again if not a.startswith("--workers=")]
     command = [*cls.launch_command(args.workers), "-m", "unitrain.cli", *again]
     command += [] if args.backend else ["--backend", backend]
+    if args.shard:  # the workers' Trainer asks their backend for its sharded engine
+        os.environ[SHARD_ENV] = "1"
     with forwarding_signals() as forward:
         returncode = forward.run(command)
     if forward.received is not None:  # the workers saved and exited, or were stopped

@@ -49,6 +49,7 @@ FAMILIES = (
     "model_state",
     "handoff",
     "data_parallel",
+    "sharded",
 )
 
 CheckFunction = Callable[["Context"], None]

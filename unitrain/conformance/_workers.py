@@ -117,11 +117,12 @@ def train(
 
 
 def _save(trainer: Trainer, directory: Path) -> None:
+    state = trainer.backend.state_dict()  # on every worker: a sharded model is gathered
     if not trainer.strategy.is_main:
         return
     from unitrain.backends.strategy import SimulatedWorkers
 
-    np.savez(directory / "final.npz", **trainer.backend.state_dict())
+    np.savez(directory / "final.npz", **state)
     strategy = type(trainer.strategy)
     outcome = {
         "strategy": f"{strategy.__module__}.{strategy.__qualname__}",

@@ -22,7 +22,7 @@ import numpy as np
 from unitrain._errors import CheckpointError, ConfigError
 from unitrain.backends.protocol import Backend, BackendOptions, Predict
 from unitrain.backends.registry import get_backend
-from unitrain.backends.strategy import Strategy, strategy_for
+from unitrain.backends.strategy import Sharded, Strategy, strategy_for
 from unitrain.callbacks._base import CallbackList
 from unitrain.checkpoint import (
     CheckpointWarning,
@@ -67,9 +67,9 @@ class Trainer(FitLoop):
         config: a :class:`TrainerConfig`.
         strategy: how the run is spread over workers (:mod:`unitrain.backends.strategy`): None runs
             on the workers of the launcher that started this process (``torchrun``, ...) or
-            on this process alone; an int N computes N workers' shares here, as N workers
-            would. With several workers every process calls ``fit`` alike; only rank 0
-            writes checkpoints, logs and the lock.
+            on this process alone; an int N computes N workers' shares here; ``Sharded()``
+            splits the model over the launched workers. Every worker calls ``fit`` alike;
+            only rank 0 writes checkpoints, logs and the lock.
         metrics: computed on every validation and test pass besides the loss (see
             :mod:`unitrain.metrics`): ``Metric`` objects or built-in names such as
             ``"top5_accuracy"``; they need a backend with ``predict``.
@@ -95,7 +95,7 @@ class Trainer(FitLoop):
         loss: Any = "cross_entropy",
         callbacks: Iterable[Any] = (),
         config: TrainerConfig | None = None,
-        strategy: Strategy | int | None = None,
+        strategy: Strategy | Sharded | int | None = None,
         metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
@@ -333,12 +333,12 @@ class Trainer(FitLoop):
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
 
-        Under several workers every worker calls this (the running loss is summed over them);
-        rank 0 writes, and the others wait until it has.
+        Under several workers every worker calls this (the running loss is summed over them,
+        a sharded model gathered); rank 0 writes, and the others wait until it has.
         """
         self._last_save = (self.state.step, Path(path))  # on every worker: they decide alike
         if not self.strategy.is_main:
-            self.running_totals()  # rank 0's snapshot sums the running loss with this worker's
+            snapshot(self)  # as rank 0's: sums the running loss, gathers a sharded model
             self.strategy.barrier()
             return Path(path)
         check_locks(self._locks)  # never write where another run has taken over

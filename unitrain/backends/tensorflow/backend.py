@@ -280,6 +280,19 @@ class TensorFlowBackend(CompiledGraphs):
         """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
         return launch_command(workers)
 
+    @staticmethod
+    def sharded_strategy(workers: int | None) -> Any:
+        """Refused: TensorFlow has no engine that shards a model over its workers."""
+        from unitrain.backends.sharded import ShardingUnsupported
+
+        raise ShardingUnsupported(
+            "the tensorflow backend cannot shard parameters, gradients and optimizer state "
+            "over workers: tf.distribute's Mirrored and MultiWorkerMirrored strategies keep a "
+            "whole copy of every variable on each worker, and tf.experimental.dtensor is still "
+            "experimental; train data-parallel (strategy=None under `unitrain train --workers "
+            "N`), or shard on the torch backend"
+        )
+
     # One process over several local devices (unitrain.backends.strategy.LocalDeviceParallel).
     local_devices_environment = staticmethod(local_devices_environment)
     local_devices_strategy = staticmethod(LocalDevices)

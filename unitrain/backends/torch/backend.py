@@ -37,6 +37,7 @@ from unitrain.backends.torch.core import (
     make_deterministic,
     numpy_dtype,
     resolve_device,
+    tensor_like,
     to_numpy,
 )
 from unitrain.backends.torch.kernels import device_guard, finite_check
@@ -209,6 +210,29 @@ class TorchBackend(UpdateLoops):
         self._forward_module = wrap(self.module)
         self._worker = (world_size, rank)
 
+    def shard(self, shard_module: Any, world_size: int, rank: int) -> None:
+        """Split parameters, gradients and optimizer state over the workers:
+        ``shard_module(module)`` (FSDP2's ``fully_shard``) makes the parameters sharded in
+        place, the optimizer is rebuilt over them, and the finite check is taken over every
+        worker's shards (see :mod:`.sharding`). Dropout is keyed as worker ``rank``."""
+        from unitrain.backends.torch.sharding import global_finite_check
+
+        if self._step:
+            raise ConfigError("shard the model before its first update (Trainer does)")
+        shard_module(self.module)
+        self.params = dict(self.module.named_parameters())
+        self.optimizer = optimizer_for(self.options.optimizer, self.params)
+        self._all_finite = global_finite_check(self._all_finite)
+        self._guard = None  # the device guard's skip flag would be this worker's alone
+        self._worker = (world_size, rank)
+
+    @staticmethod
+    def sharded_strategy(workers: int | None) -> Any:
+        """FSDP2 over the workers torchrun started (see :mod:`.sharding`)."""
+        from unitrain.backends.torch.sharding import TorchSharded
+
+        return TorchSharded.for_request(workers)
+
     def launched_strategy(self) -> Any:
         """DDP over the workers torchrun started, or None when it did not start this one."""
         from unitrain.backends.torch.distributed import TorchDDP
@@ -340,7 +364,7 @@ class TorchBackend(UpdateLoops):
         self._mixed.load(opt)
         with torch.no_grad():
             for name, tensor in self._model_tensors().items():
-                tensor.copy_(torch.from_numpy(np.require(model[name], requirements=("C", "W"))))
+                tensor.copy_(tensor_like(model[name], tensor))  # sharded when the tensor is
         self.optimizer.load_slots(opt, self._step)
         self._numbers.loaded(self._step)
 

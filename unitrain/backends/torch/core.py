@@ -18,6 +18,7 @@ __all__ = [
     "make_deterministic",
     "numpy_dtype",
     "resolve_device",
+    "tensor_like",
     "to_numpy",
 ]
 
@@ -46,10 +47,24 @@ def make_deterministic(device: torch.device) -> None:
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host copy of ``tensor``'s full value; a sharded ``DTensor`` (FSDP2, see
+    ``.sharding``) is gathered first, a collective every worker takes part in."""
+    if hasattr(tensor, "full_tensor"):
+        tensor = tensor.full_tensor()
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
     return tensor.numpy().copy()
+
+
+def tensor_like(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """``array`` (a full value) on ``like``'s device and in its dtype; sharded as ``like``
+    when that is a ``DTensor`` (each worker keeps its own chunk, no communication)."""
+    if hasattr(like, "device_mesh"):
+        from unitrain.backends.torch.sharding import placed_like
+
+        return placed_like(array, like)
+    return torch.from_numpy(np.array(array)).to(like.device, like.dtype)
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:

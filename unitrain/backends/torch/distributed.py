@@ -100,8 +100,14 @@ class TorchDDP:
 
     def setup(self, backend: Any) -> None:
         """Join the process group and run the backend's forward through DDP."""
-        module = backend.module
-        device = next(module.parameters()).device
+        device = self.join(backend)
+        ids = [device.index or 0] if device.type == "cuda" else None
+        wrap = functools.partial(DistributedDataParallel, device_ids=ids)
+        backend.distribute(wrap, self.world_size, self.rank)
+
+    def join(self, backend: Any) -> torch.device:
+        """Join the process group (gloo on CPU, NCCL on CUDA); the backend's device."""
+        device = next(backend.module.parameters()).device
         self._group_backend = "nccl" if device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             dist.init_process_group(
@@ -116,9 +122,7 @@ class TorchDDP:
                 f"the torch process group has {dist.get_world_size()} workers, but this "
                 f"strategy expects {self.world_size}"
             )
-        ids = [device.index or 0] if device.type == "cuda" else None
-        wrap = functools.partial(DistributedDataParallel, device_ids=ids)
-        backend.distribute(wrap, self.world_size, self.rank)
+        return device
 
     def shards(self, batch: Batch) -> list[tuple[Batch, float]]:
         """This worker's slice, its loss weighted so that DDP's average is the global mean."""

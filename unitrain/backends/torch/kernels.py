@@ -55,6 +55,8 @@ def build_optimizer(
         settings: the optimizer's hyperparameters besides the learning rate.
     """
     sample = params[0]
+    if hasattr(sample, "device_mesh"):  # FSDP2's DTensors: torch shards no fused kernel
+        return kind(params, lr=0.0, **settings, **_KERNEL_ARGUMENTS["foreach"])
     kernel = optimizer_kernel(kind, tuple(sorted(settings.items())), sample.device, sample.dtype)
     return kind(params, lr=0.0, **settings, **_KERNEL_ARGUMENTS[kernel])
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from unitrain import ops, optim
 from unitrain.backends.torch import ops as torch_ops
+from unitrain.backends.torch.core import tensor_like
 from unitrain.backends.torch.kernels import build_optimizer
 
 __all__ = [
@@ -129,7 +130,7 @@ class NativeOptimizer:
         saved["state"] = {}
         for index, name in enumerate(self._order):
             entry = {
-                torch_name: torch.from_numpy(np.array(slots[f"{name}.{slot}"]))
+                torch_name: tensor_like(slots[f"{name}.{slot}"], self.params[name])
                 for slot, torch_name in self.names.items()
             }
             if entry and self._counts_steps:  # one tensor each: torch increments it in place
@@ -203,10 +204,7 @@ class ForeachOptimizer:
     def load_slots(self, slots: Mapping[str, np.ndarray], step: int) -> None:
         """Copy ``slots`` in, on the parameters' device and in their dtype."""
         self._slots = {
-            slot: [
-                torch.from_numpy(np.array(slots[f"{name}.{slot}"])).to(p.device, p.dtype)
-                for name, p in self.params.items()
-            ]
+            slot: [tensor_like(slots[f"{name}.{slot}"], p) for name, p in self.params.items()]
             for slot in self.spec.state_slots
         }
 

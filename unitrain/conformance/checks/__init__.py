@@ -22,4 +22,5 @@ from unitrain.conformance.checks import (  # noqa: F401  (imported to register t
     optimizers,
     resume,
     schedules,
+    sharded,
 )

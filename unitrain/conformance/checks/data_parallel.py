@@ -63,7 +63,7 @@ def _run_workers(ctx: Context, out: Path) -> Path:
     """The experiment on two workers (launched or in process); its directory."""
     launcher = getattr(ctx.backend.factory, "launch_command", None)
     if launcher is not None:
-        runs = _launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
+        runs = launched(ctx, "workers", [*launcher(WORKERS)], [], {}, f"{WORKERS} workers")
     else:
         probe = ctx.make(_workers_model())
         ctx.require(
@@ -102,14 +102,14 @@ def _run_local_devices(ctx: Context) -> Path:
     environment = factory.local_devices_environment(WORKERS)  # type: ignore[attr-defined]
     arguments = [f"--local-devices={WORKERS}"]
     label = f"one process on {WORKERS} local devices"
-    return _launched(ctx, "local", [sys.executable], arguments, environment, label)
+    return launched(ctx, "local", [sys.executable], arguments, environment, label)
 
 
 #: Launched runs by (kind, backend target, device), kept until the process exits.
 _LAUNCHED: dict[tuple[str, str, str], Path] = {}
 
 
-def _launched(
+def launched(  # also the sharded family's
     ctx: Context,
     kind: str,
     prefix: list[str],
@@ -141,7 +141,7 @@ def _launched(
                 "a worker waiting for another that died or never started (a collective, a "
                 "rendezvous)",
             )
-        expected = WORKERS if kind == "workers" else 1
+        expected = 1 if kind == "local" else WORKERS  # the others: one process a worker
         failures = _unfinished(out, dtypes.split(","), expected)
         if done.returncode != 0:
             ctx.require(False, _launch_failure(label, done, failures, out), _WORKER_FAILED)
@@ -197,7 +197,7 @@ def _history(outcome: dict[str, Any]) -> list[tuple[int, int, float]]:
     return [(row["epoch"], row["step"], row["lr"]) for row in outcome["history"]]
 
 
-def _against_one(ctx: Context, runs: Path, single: Path, spread: str, one: str) -> tuple[Any, ...]:
+def against_one(ctx: Context, runs: Path, single: Path, spread: str, one: str) -> tuple[Any, ...]:
     """Hold run ``a`` of ``runs`` to run ``a`` of ``single`` (final state within tolerance,
     the same epochs, steps and LRs) and its resumed run ``b`` to run ``a`` bit for bit.
 
@@ -229,7 +229,7 @@ def workers_match_global_batch(ctx: Context) -> None:
         ctx.skip("the kit launches data-parallel workers on the CPU only")
     parallel, single = _run_workers(ctx, ctx.path("workers")), ctx.path("single")
     _workers.experiment(ctx.backend.factory, ctx.dtype, single, strategy=1)
-    outcome, reference, reference_outcome = _against_one(
+    outcome, reference, reference_outcome = against_one(
         ctx, parallel, single, f"{WORKERS} workers", "1 with the global batch"
     )
     ctx.require_equal("workers that took part", outcome["world_size"], WORKERS)
@@ -297,4 +297,4 @@ def local_devices_match_global_batch(ctx: Context) -> None:
         ctx.skip("the kit splits the CPU into local devices only")
     spread, single = _run_local_devices(ctx), ctx.path("single")
     _workers.experiment(ctx.backend.factory, ctx.dtype, single, 1, local_devices=True)
-    _against_one(ctx, spread, single, f"{WORKERS} local devices", "1")
+    against_one(ctx, spread, single, f"{WORKERS} local devices", "1")

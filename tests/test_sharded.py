@@ -1,0 +1,217 @@
+"""Sharded training: the request, the refusals, torch's FSDP2 in process and on two workers.
+
+In process, torch shards over a process group of one worker (gloo): the parameters are then
+``DTensor``\\ s and every sharded code path runs (the optimizer over sharded parameters, the
+gathered state dict, a checkpoint cut back into shards, the global finite check) in a few
+seconds. The kit's ``sharded`` family launches two workers; it and its seeded fault
+(``_sharded_trap_torch``: pytorch#162338's averaging reduction that sums) run in the harness
+stage, as two launches take a minute or more on a busy 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unitrain import ConfigError, Trainer, TrainerConfig, callbacks, optim
+from unitrain.backends.numpy import NumpyBackend
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.registry import get_backend
+from unitrain.backends.sharded import SHARD_ENV, Sharded, ShardingUnsupported
+from unitrain.backends.strategy import strategy_for
+from unitrain.checkpoint import list_checkpoints
+from unitrain.cli._main import _parser
+from unitrain.cli._train import train
+from unitrain.conformance import check_backend
+from unitrain.models import MLP
+
+_MODEL = (6, 16, 3)
+
+
+def test_a_request_needs_a_positive_worker_count():
+    assert Sharded().workers is None
+    for bad in (0, -2, True, 1.5, "2"):
+        with pytest.raises(ConfigError, match="workers must be an int >= 1 or None"):
+            Sharded(bad)  # type: ignore[arg-type]
+
+
+def test_the_launcher_s_environment_asks_for_sharding(monkeypatch):
+    monkeypatch.setenv(SHARD_ENV, "1")
+    backend = NumpyBackend(MLP(_MODEL), BackendOptions(dtype="float64"))
+    with pytest.raises(ShardingUnsupported, match="numpy backend cannot shard"):
+        strategy_for(backend, None)
+
+
+def test_an_engine_that_cannot_shard_refuses_as_such(monkeypatch):
+    """The kit skips what ShardingUnsupported refuses and launches where ConfigError does."""
+    for engine in ("no_sharded_engine", "tensorflow"):
+        assert isinstance(_refusal(engine, monkeypatch), ShardingUnsupported)
+    for setup in ("not_launched", "other_worker_count"):  # the engine exists
+        assert not isinstance(_refusal(setup, monkeypatch), ShardingUnsupported)
+
+
+#: ``unitrain train`` asked to shard one worker.
+_SHARD_ONE_WORKER = ["train", "digits", "--backend", "numpy", "--shard"]
+ERRORS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def _refusal(name: str, monkeypatch: pytest.MonkeyPatch) -> ConfigError:
+    """Make documented mistake ``name``; the error it is refused with."""
+    numpy = NumpyBackend(MLP(_MODEL), BackendOptions(dtype="float64"))
+    framework = {"tensorflow": "tensorflow", "not_launched": "torch"}.get(name, "numpy")
+    framework = "torch" if name == "other_worker_count" else framework
+    pytest.importorskip(framework)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if name == "not_launched":
+        monkeypatch.delenv("WORLD_SIZE")
+    mistakes = {
+        "bad_workers": lambda: Sharded(0),
+        "no_sharded_engine": lambda: strategy_for(numpy, Sharded()),
+        "tensorflow": lambda: get_backend("tensorflow").sharded_strategy(2),
+        "not_launched": lambda: get_backend("torch").sharded_strategy(2),
+        "other_worker_count": lambda: get_backend("torch").sharded_strategy(3),
+        "shard_without_workers": lambda: train(_parser().parse_args(_SHARD_ONE_WORKER)),
+    }
+    with pytest.raises(ConfigError) as refused:
+        mistakes[name]()
+    return refused.value
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bad_workers",
+        "no_sharded_engine",
+        "tensorflow",
+        "not_launched",
+        "other_worker_count",
+        "shard_without_workers",
+    ],
+)
+def test_documented_error(name, monkeypatch):
+    section = ERRORS_PAGE.read_text(encoding="utf-8").split("## Sharded training", 1)[-1]
+    section = section.split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if f"`test_documented_error[{name}]`" in line)
+    assert str(_refusal(name, monkeypatch)) in row
+
+
+def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    generator = np.random.default_rng(seed)
+    return generator.normal(size=(n, 6)), generator.integers(0, 3, n)
+
+
+def _fit(directory: Path, strategy: Any, resume: Path | None = None, clip: float = 0.5) -> Trainer:
+    config = TrainerConfig(
+        epochs=3,
+        batch_size=8,
+        dtype="float64",
+        seed=0,
+        deterministic=True,
+        grad_clip_norm=clip,
+        checkpoint_dir=str(directory),
+    )
+    trainer = Trainer(
+        MLP(_MODEL, activation="tanh"),
+        backend="torch",
+        optimizer=optim.Adam(),
+        callbacks=[callbacks.ModelCheckpoint(directory, every_n_epochs=1)],
+        config=config,
+        strategy=strategy,
+    )
+    trainer.fit(_data(40, 1), _data(16, 2), resume=resume)
+    return trainer
+
+
+@pytest.fixture
+def one_worker_group(monkeypatch):
+    """torchrun's environment for one worker, and the process group left behind removed."""
+    dist = pytest.importorskip("torch.distributed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_torch_sharded_over_one_worker_equals_unsharded_and_resumes_either_way(
+    tmp_path, one_worker_group
+):
+    from torch.distributed.tensor import DTensor
+
+    sharded = _fit(tmp_path / "sharded", Sharded(1))
+    assert type(sharded.strategy).__name__ == "TorchSharded"
+    assert all(isinstance(p, DTensor) for p in sharded.backend.params.values())
+    os.environ.pop("WORLD_SIZE")  # the unsharded runs below are not launched
+    plain = _fit(tmp_path / "plain", None)
+    state, expected = sharded.backend.state_dict(), plain.backend.state_dict()
+    assert sorted(state) == sorted(expected)
+    for key, value in expected.items():  # the same float64 sums: equal to rounding
+        np.testing.assert_allclose(state[key], value, rtol=1e-12, atol=1e-14, err_msg=key)
+
+    first = list_checkpoints(tmp_path / "sharded")[0]  # after epoch 1, full tensors
+    resumed = _fit(tmp_path / "resumed", None, resume=first)
+    for key, value in state.items():
+        np.testing.assert_allclose(resumed.backend.state_dict()[key], value, rtol=1e-12)
+    os.environ["WORLD_SIZE"] = "1"  # and the other way: cut into shards on load
+    again = _fit(tmp_path / "again", Sharded(), resume=list_checkpoints(tmp_path / "plain")[0])
+    for key, value in expected.items():
+        np.testing.assert_allclose(again.backend.state_dict()[key], value, rtol=1e-12)
+
+
+def test_torch_sharded_skips_a_non_finite_update_on_every_shard(one_worker_group):
+    from unitrain.backends.torch import TorchBackend
+
+    backend = TorchBackend(MLP(_MODEL), BackendOptions(dtype="float64", optimizer=optim.SGD()))
+    strategy_for(backend, Sharded())
+    before = backend.state_dict()
+    x, y = _data(4, 3)
+    x[0, 0] = np.inf
+    backend.forward((x, y))
+    backend.backward()
+    backend.step(0.1)
+    assert backend.skipped_steps == 1
+    after = backend.state_dict()
+    assert all(np.array_equal(after[k], before[k]) for k in before if k.startswith("model."))
+
+
+def _with_tests_on_path(monkeypatch) -> None:
+    tests = str(Path(__file__).parent)  # the launched workers import the trap from here
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+
+
+@pytest.mark.harness  # two launches of two torch workers: about a minute on a 2-core CPU
+def test_the_kit_s_sharded_family_passes_torch():
+    pytest.importorskip("torch")
+    results = check_backend("torch", device="cpu", dtypes=["float32", "float64"], keyword="sharded")
+    assert {(r.check, r.dtype, r.status) for r in results} == {
+        ("sharded_workers_match_one_worker", dtype, "passed") for dtype in ("float32", "float64")
+    }, [r.reason for r in results]
+
+
+@pytest.mark.harness  # one launch of two torch workers
+def test_the_kit_fails_fsdp_averaging_that_sums(monkeypatch):
+    pytest.importorskip("torch")
+    _with_tests_on_path(monkeypatch)
+    target = "_sharded_trap_torch:TorchShardedSummed"
+    [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword="sharded")
+    assert result.status == "failed", result.reason
+    assert "2 sharded workers vs 1 worker with the global batch" in result.reason
+
+
+def test_the_kit_skips_sharding_where_the_engine_has_none():
+    pytest.importorskip("tensorflow")
+    [result] = check_backend("tensorflow", device="cpu", dtypes=["float32"], keyword="sharded")
+    assert result.status == "skipped"
+    assert "whole copy of every variable" in result.reason

@@ -1,0 +1,101 @@
+"""Sharded PyTorch: FSDP2 (``fully_shard``) over the workers torchrun started.
+
+:class:`TorchSharded` joins the process group as :class:`.distributed.TorchDDP` does and
+hands the backend ``fully_shard``: each parameter becomes a ``DTensor`` sharded on its first
+dimension over the workers (``Shard(0)``), its gradient is reduce-scattered (averaged over
+the workers, as DDP averages, so the loss weights are DDP's), and the optimizer, rebuilt over
+the sharded parameters, keeps its state beside each worker's shard only.
+
+What decides an update is global: the clip norm of the ``DTensor`` gradients is reduced over
+the workers by torch (a replicated result), and :func:`global_finite_check` turns the
+backend's finite check on the local shards into one all-reduced flag, so every worker clips
+by the same factor and skips the same updates.
+
+State goes through the full tensors: ``core.to_numpy`` gathers a sharded tensor (every
+worker takes part; the Trainer has every worker snapshot its state) and :func:`placed_like`
+cuts a full array into this worker's shard with no communication, as every worker reads the
+same checkpoint. Per-worker shard files are not written: a checkpoint holds full tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from unitrain import ConfigError
+from unitrain.backends.torch.distributed import TorchDDP
+
+__all__ = ["TorchSharded", "global_finite_check", "placed_like"]
+
+
+class TorchSharded(TorchDDP):
+    """One worker of a torch FSDP2 job; see the module doc.
+
+    Args:
+        world_size: number of workers.
+        rank: this worker's number.
+    """
+
+    @classmethod
+    def for_request(cls, workers: int | None) -> TorchSharded:
+        """The worker torchrun described in the environment, sharding over ``workers``.
+
+        Raises:
+            ConfigError: this process was not started by torchrun, or by a different number
+                of workers than ``workers``.
+        """
+        if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+            raise ConfigError(
+                "Sharded() on torch shards over the workers torchrun starts, but this process "
+                "was not started by it; run `unitrain train --workers N --shard ...` or "
+                "`torchrun --nproc_per_node=N script.py`"
+            )
+        world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        if workers is not None and workers != world_size:
+            raise ConfigError(
+                f"Sharded({workers}) asks for {workers} workers, but torchrun started "
+                f"{world_size}; pass Sharded() or launch {workers} workers"
+            )
+        return cls(world_size, rank)
+
+    def setup(self, backend: Any) -> None:
+        """Join the process group and have the backend shard its module with FSDP2."""
+        self.join(backend)
+        backend.shard(self.shard_module, self.world_size, self.rank)
+
+    def shard_module(self, module: torch.nn.Module) -> None:
+        """``fully_shard(module)`` in place: its parameters become sharded ``DTensor``\\ s."""
+        fully_shard(module)
+
+
+def placed_like(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """``array`` (a full value) on ``like``'s device, in its dtype and, for a ``DTensor``,
+    sharded as ``like`` is: each worker keeps its own chunk, with no communication."""
+    full = torch.from_numpy(np.array(array)).to(like.device, like.dtype)
+    if isinstance(like, DTensor):
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+    return full
+
+
+def global_finite_check(local: Callable[[list[torch.Tensor]], bool]) -> Any:
+    """``check(grads) -> bool``: whether every worker's shards of ``grads`` are finite.
+
+    Runs ``local`` (the backend's finite check) on this worker's shards and takes the
+    logical and over the workers in one all-reduce, so all skip the same updates.
+    """
+
+    def check(grads: list[torch.Tensor]) -> bool:
+        shards = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        device = shards[0].device if shards else torch.device("cpu")  # NCCL: the GPU's
+        bad = torch.tensor([0.0 if local(shards) else 1.0], dtype=torch.float64, device=device)
+        dist.all_reduce(bad)
+        return bool(bad.item() == 0.0)
+
+    return check

@@ -76,11 +76,6 @@ def test_a_resume_drops_the_columns_only_cut_rows_brought(tmp_path):
     assert _rows(tmp_path) == (["epoch", "step", "a"], [{"epoch": "", "step": "1", "a": "1.0"}])
 
 
-def test_a_damaged_saved_run_is_refused(tmp_path):
-    with pytest.raises(CheckpointError, match="'rows' \\(an int >= 0\\) and 'columns'"):
-        callbacks.CSVTracker(tmp_path).resume_run({"rows": -1, "columns": ["epoch", "step"]})
-
-
 def test_a_symlink_in_the_files_place_is_refused_before_training(tmp_path):
     (tmp_path / "elsewhere.csv").write_text("")
     (tmp_path / "logs").mkdir()
@@ -89,11 +84,33 @@ def test_a_symlink_in_the_files_place_is_refused_before_training(tmp_path):
         _trainer(callbacks.CSVTracker(tmp_path / "logs"), tmp_path).fit(_data(), _data(32))
 
 
-def test_an_empty_folder_name_is_refused():
-    with pytest.raises(ConfigError, match="log_dir must be a folder"):
-        callbacks.CSVTracker("")
-
-
 def test_it_round_trips_as_a_recipe_callback(tmp_path):
     tracker: Any = callbacks.callback_from_dict({"type": "CSVTracker", "log_dir": str(tmp_path)})
     assert isinstance(tracker, callbacks.CSVTracker) and tracker.log_dir == tmp_path
+
+
+ERRORS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+#: Each error of docs/errors.md's "CSV tracker" table: how to make it, and its message.
+DOCUMENTED = {
+    "damaged_run": (
+        lambda: callbacks.CSVTracker("logs").resume_run({"rows": -1, "columns": ["step"]}),
+        "CSVTracker: the saved run must have 'rows' (an int >= 0) and 'columns' (a list of str "
+        "starting with epoch, step), got {'rows': -1, 'columns': ['step']}",
+    ),
+    "empty_folder": (
+        lambda: callbacks.CSVTracker(""),
+        "CSVTracker: log_dir must be a folder, got ''",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_documented_error(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make, message = DOCUMENTED[name]
+    with pytest.raises((CheckpointError, ConfigError)) as raised:
+        make()
+    assert str(raised.value) == message
+    section = ERRORS_PAGE.read_text(encoding="utf-8").split("## CSV tracker", 1)[-1]
+    section = section.split("\n## ", 1)[0]
+    assert message in section and f"`test_documented_error[{name}]`" in section

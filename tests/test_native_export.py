@@ -9,6 +9,7 @@ shared 2-core machine); the default run checks a few cases that cover each famil
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,19 @@ import numpy as np
 import pytest
 from test_export_onnx import TOLERANCE, _error, _input, _paper_models, _reference_trainer
 
-from unitrain import ConfigError, Trainer, export_native, export_weights, ops
+from unitrain import ConfigError, Trainer, UnitrainError, export_native, export_weights, ops
 from unitrain.cli import main
 from unitrain.conformance._layer_cases import LAYER_CASES
-from unitrain.models import LSTM, MLP, AbstractLayer, Conv2d, Linear, Scope, Sequential
+from unitrain.models import (
+    LSTM,
+    MLP,
+    AbstractLayer,
+    Conv2d,
+    Linear,
+    MultiHeadAttention,
+    Scope,
+    Sequential,
+)
 
 #: What each framework refuses, by layer case, and the words its error must hold.
 REFUSED = {
@@ -166,6 +176,7 @@ def test_the_jax_function_is_pure_and_its_params_are_the_canonical_tensors():
     assert not np.allclose(np.asarray(jax.jit(apply)(moved, x)), compiled)
 
 
+@dataclasses.dataclass(frozen=True)
 class Doubled(AbstractLayer, type_name="native_export_test_doubled"):
     """A user's layer: its forward is written in ops, which no framework's layers know."""
 
@@ -291,3 +302,65 @@ def test_unitrain_export_refuses_an_onnx_option_or_a_wrong_suffix_for_a_native_f
     out = tmp_path / "model.onnx"
     assert main(["export", str(checkpoint), "--format", "torch", "--out", str(out)]) == 2
     assert "--format torch writes a .pt2 file; got --out" in capsys.readouterr().err
+
+
+ERRORS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def _portable(model: AbstractLayer) -> Trainer:
+    return Trainer(model, backend="numpy")
+
+
+#: Each error of docs/errors.md's "Native export" table: how to make it, and its message.
+DOCUMENTED = {
+    "unknown_framework": (
+        lambda: export_native(_portable(MLP((2, 2))), "flax"),
+        "export_native: unknown framework 'flax'; choose one of ['jax', 'keras', 'torch']",
+    ),
+    "own_layer": (
+        lambda: export_native(_portable(Sequential([Linear(3, 3), Doubled()])), "torch"),
+        "export_native: Doubled() (at '1') has no torch form: a layer of your own is written "
+        "in unitrain.ops, not in the framework's layers; export it with export_onnx (traced op "
+        "by op), or write it as a torch layer and load its weights by their canonical names",
+    ),
+    "keras_rotary": (
+        lambda: export_native(
+            _portable(MultiHeadAttention(8, 2, rotary=True)), "keras", input_shape=(5, 8)
+        ),
+        "export_native: MultiHeadAttention(dim=8, heads=2, causal=False, dropout=0.0, "
+        "bias=True, rotary=True) (at the top) has no keras form: "
+        "keras.layers.MultiHeadAttention has no rotary positions",
+    ),
+    "keras_stateful": (
+        lambda: export_native(_portable(LSTM(3, 4, batch_size=2)), "keras", input_shape=(5, 3)),
+        "export_native: LSTM(input_size=3, hidden_size=4, return_sequences=True, batch_size=2) "
+        "(at the top) has no keras form: a stateful Keras layer keeps its state in the layer "
+        "and cannot start from saved values in a functional model; export it to torch, JAX or "
+        "ONNX",
+    ),
+    "keras_input_shape": (
+        lambda: export_native(_portable(Sequential([Conv2d(1, 2, 3)])), "keras"),
+        "export_native: the input shape of Sequential of 1 layers is not in the model (it "
+        "starts with Conv2d); pass input_shape= the shape of one example, e.g. (28, 28, 1) for "
+        "images or (128,) for sequences of 128 token ids",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [  # Keras' errors need Keras built (TensorFlow's import): harness tests
+        pytest.param(name, marks=pytest.mark.harness) if name.startswith("keras") else name
+        for name in sorted(DOCUMENTED)
+    ],
+)
+def test_documented_error(name):
+    if name.startswith("keras"):
+        pytest.importorskip("keras")
+    make, message = DOCUMENTED[name]
+    with pytest.raises(UnitrainError) as raised:
+        make()
+    assert str(raised.value) == message
+    section = ERRORS_PAGE.read_text(encoding="utf-8").split("## Native export", 1)[-1]
+    section = section.split("\n## ", 1)[0]
+    assert message in section and f"`test_documented_error[{name}]`" in section

@@ -5,7 +5,7 @@
 parameters, each in eval mode and computing what ``Trainer.predict`` computes. A colleague
 uses the result with its framework alone. Where a framework has no layer with the same
 semantics, a few lines in that framework's own primitives stand in (torch's
-:mod:`~unitrain.native_export._torch_modules`); where even that would not be faithful (a
+:mod:`~unitrain.native_export.torch_modules`); where even that would not be faithful (a
 layer of your own written in :mod:`unitrain.ops`), the export stops with an error naming the
 layer and the framework. docs/export.md has the table of layers by framework.
 

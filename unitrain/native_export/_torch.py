@@ -52,7 +52,7 @@ from unitrain.models import (
     Upsample,
 )
 from unitrain.models._base import as_pair
-from unitrain.native_export import _torch_modules as modules
+from unitrain.native_export import torch_modules as modules
 from unitrain.native_export._walk import Builder, Walker, join
 from unitrain.onnx_export._image import conv_padding
 

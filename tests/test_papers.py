@@ -98,3 +98,48 @@ def test_nanogpt_port_keeps_the_scripts_pieces(monkeypatch):
     h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
     expected = (h * weights["ln_f.weight"]) @ weights["wte.weight"].T
     np.testing.assert_allclose(np.asarray(backend.predict(ids)), expected, rtol=1e-12)
+
+
+def test_word_language_model_layer_is_torchs_encoder_layer(monkeypatch):
+    """The port's EncoderLayer, written in ops, is nn.TransformerEncoderLayer (eval mode)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(PAPERS))
+    import word_language_model as wlm
+
+    layer = wlm.EncoderLayer(dim=8, heads=2, hidden=12, dropout=0.2)
+    backend = get_backend("numpy")(layer, BackendOptions(optimizer=optim.SGD(), dtype="float64"))
+    w = {k.removeprefix("model."): v for k, v in backend.state_dict().items()}
+    x = np.random.default_rng(0).standard_normal((3, 5, 8))
+
+    native = torch.nn.TransformerEncoderLayer(8, 2, 12, 0.2, batch_first=True).double().eval()
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    parts = ("query", "key", "value")
+    with torch.no_grad():
+        attention = native.self_attn
+        attention.in_proj_weight.copy_(
+            t(np.concatenate([w[f"attention.{p}.weight"].T for p in parts]))
+        )
+        attention.in_proj_bias.copy_(t(np.concatenate([w[f"attention.{p}.bias"] for p in parts])))
+        attention.out_proj.weight.copy_(t(w["attention.out.weight"].T))
+        attention.out_proj.bias.copy_(t(w["attention.out.bias"]))
+        for ours, theirs in (("fc1", "linear1"), ("fc2", "linear2")):
+            getattr(native, theirs).weight.copy_(t(w[f"{ours}.weight"].T))
+            getattr(native, theirs).bias.copy_(t(w[f"{ours}.bias"]))
+        for name in ("norm1", "norm2"):
+            getattr(native, name).weight.copy_(t(w[f"{name}.weight"]))
+            getattr(native, name).bias.copy_(t(w[f"{name}.bias"]))
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+        expected = native(t(x), src_mask=mask, is_causal=True).numpy()
+    np.testing.assert_allclose(np.asarray(backend.predict(x)), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_word_language_model_batches_follow_get_batch(monkeypatch):
+    """Batch k holds window k of each of the 20 columns, and continues batch k - 1."""
+    monkeypatch.syspath_prepend(str(PAPERS))
+    import word_language_model as wlm
+
+    data = wlm.corpus(dict(wlm.SETTINGS, batch_size=4, bptt=6))
+    x, y = data["train"]
+    assert x.shape[1] == 6 and len(x) % 4 == 0
+    assert np.array_equal(x[:, 1:], y[:, :-1])
+    assert np.array_equal(x[4:, 0], y[:-4, -1])  # row j of batch k follows row j of batch k - 1

@@ -74,19 +74,25 @@ def run(
 
 
 def train_recipe(name: str, args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
-    """Train a :class:`~unitrain.recipes.Recipe` whose data is a ``(train, val)`` pair and
-    which validates every ``val_every_n_steps`` updates; ``--stop-after K`` ends the run after
-    K of those validations. Saves what :func:`run` saves, one row per validation."""
+    """Train a :class:`~unitrain.recipes.Recipe` whose data is a ``(train, val)`` pair.
+
+    ``--stop-after K`` ends the run after K validations: K epochs, or K times
+    ``val_every_n_steps`` updates for a recipe that validates by steps. Saves what :func:`run`
+    saves, one row per validation.
+    """
     config = recipe.config
-    if args.stop_after:
+    if args.stop_after and config.val_every_n_steps:
         config = dataclasses.replace(config, max_steps=args.stop_after * config.val_every_n_steps)
+    elif args.stop_after:
+        config = dataclasses.replace(config, epochs=args.stop_after)
     trainer = Trainer(
         recipe.model,
         backend=args.backend,
         optimizer=recipe.optimizer,
         schedule=recipe.schedule,
         loss=recipe.loss,
-        callbacks=[callbacks.ProgressBar()],
+        metrics=recipe.metrics,
+        callbacks=[callbacks.ProgressBar(), *recipe.callbacks],
         config=dataclasses.replace(config, device=args.device),
     )
     train, val = recipe.data

@@ -11,6 +11,7 @@ reproducible, and unitrain says so in a warning.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from unitrain._errors import ConfigError, DataError
+from unitrain.structure import is_structured, leaves, map_leaves, split_batch
 
 if TYPE_CHECKING:
     from unitrain.models import AbstractLayer
@@ -29,10 +31,13 @@ __all__ = [
     "as_batch_source",
     "check_arrays",
     "check_source",
+    "check_structured",
     "check_targets",
 ]
 
-Batch = tuple[Any, Any]
+#: ``(inputs, targets)`` or ``(inputs, targets, sample_weight)``; inputs and targets may each
+#: be an array or a tuple or dict of arrays (see :mod:`unitrain.structure`).
+Batch = tuple[Any, ...]
 
 
 @runtime_checkable
@@ -87,6 +92,21 @@ def check_arrays(
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise DataError(f"{name} {label} contain {bad} NaN or infinite values; clean them")
     _check_fits_model(inputs, targets, in_features, num_classes, model, loss, name)
+
+
+def _check_structured_fits_model(
+    inputs: Any, targets: Any, model: AbstractLayer | None, loss: Any, name: str
+) -> None:
+    """What depends on the model in a structured batch: the inputs fit it, and plain targets
+    fit a loss's check when the outputs are one array."""
+    if model is None:
+        return
+    model.check_input(inputs)
+    if is_structured(targets) or not callable(getattr(loss, "check_targets", None)):
+        return
+    shape = model.output_shape(map_leaves(lambda leaf: tuple(leaf.shape[1:]), inputs))
+    if not is_structured(shape) and not getattr(loss, "reads_batch", False):
+        loss.check_targets(targets, shape, name)
 
 
 def _check_fits_model(
@@ -194,6 +214,61 @@ def _per_example(targets: np.ndarray) -> int:
 _TARGET_CHECKS = {"cross_entropy": _check_class_labels, "mse": _check_regression_targets}
 
 
+def check_structured(inputs: Any, targets: Any, sample_weight: Any, name: str = "data") -> int:
+    """Raise :class:`DataError` unless every leaf of a structured batch is a numeric array of
+    finite values with the same number of examples; return that number.
+
+    Args:
+        inputs: an array or a tuple or dict of arrays.
+        targets: likewise.
+        sample_weight: one finite weight >= 0 per example, or None.
+        name: what to call the data in messages.
+
+    Examples:
+        >>> check_structured({"a": np.zeros((3, 2)), "b": np.zeros((2, 1))}, np.zeros(3),
+        ...                  None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unitrain._errors.DataError: data is ragged: inputs['b'] has 2 examples, but ...
+    """
+    parts = [("inputs", inputs), ("targets", targets)]
+    if sample_weight is not None:
+        parts.append(("sample_weight", sample_weight))
+    length, first = None, ""
+    for label, part in parts:
+        for path, leaf in leaves(part):
+            where = f"{label}{path}"
+            array = np.asarray(leaf)
+            if array.dtype.kind not in "biuf":
+                raise DataError(
+                    f"{name} {where} holds dtype {array.dtype}, not numbers; every leaf of a "
+                    "batch must be an array of numbers"
+                )
+            if array.ndim == 0:
+                raise DataError(
+                    f"{name} {where} is a scalar; every leaf needs the examples on its first axis"
+                )
+            if length is None:
+                length, first = len(array), where
+            elif len(array) != length:
+                raise DataError(
+                    f"{name} is ragged: {where} has {len(array)} examples, but {first} has "
+                    f"{length}; every array of inputs, targets and sample_weight must have "
+                    "the same length"
+                )
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                bad = int(np.count_nonzero(~np.isfinite(array)))
+                raise DataError(f"{name} {where} contains {bad} NaN or infinite values; clean it")
+    if not length:
+        raise DataError(f"{name} is empty: it has no examples; pass at least one example")
+    if sample_weight is not None and (np.ndim(sample_weight) != 1 or np.min(sample_weight) < 0):
+        raise DataError(
+            f"{name} sample_weight must be one weight >= 0 per example, shape ({length},), got "
+            f"shape {np.shape(sample_weight)} with minimum {np.min(sample_weight)}"
+        )
+    return length
+
+
 def check_source(
     source: BatchSource,
     *,
@@ -221,13 +296,17 @@ def check_source(
         ...
         unitrain._errors.DataError: the first batch of data has labels in [0, 5], but ...
     """
-    if isinstance(source, ArrayLoader):
+    if isinstance(source, ArrayLoader) and source.structured:
+        _check_structured_fits_model(source.inputs, source.targets, model, loss, name)
+    elif isinstance(source, ArrayLoader):
         inputs, targets = source.inputs, source.targets
         _check_fits_model(inputs, targets, in_features, num_classes, model, loss, name)
     elif isinstance(source, IterableSource):
         batch = next(iter(source.iterable), None)
         if batch is None:
             raise DataError(f"{name} yielded no batches; pass at least one example")
+        if isinstance(batch, (tuple, list)) and len(batch) != 2:
+            split_batch(batch)  # two or three parts, or a DataError saying so
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             return
         try:
@@ -259,6 +338,12 @@ class ArrayLoader:
             ``(seed, e)``.
         drop_last: drop the final batch when it would be smaller than ``batch_size``.
         name: what to call the data in error messages (``"train_data"``, ``"val_data"``).
+        sample_weight: one weight >= 0 per example, or None; batches then are
+            ``(inputs, targets, sample_weight)``.
+
+    ``inputs`` and ``targets`` may each be an array or a tuple or dict of arrays (several
+    inputs, an attention mask, several targets): every leaf holds the examples on its first
+    axis, and every leaf is shuffled and sliced alike.
 
     Examples:
         >>> loader = ArrayLoader(np.arange(10.0)[:, None], np.arange(10), batch_size=4)
@@ -281,6 +366,7 @@ class ArrayLoader:
         seed: int = 0,
         drop_last: bool = False,
         name: str = "data",
+        sample_weight: Any = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ConfigError(
@@ -288,11 +374,27 @@ class ArrayLoader:
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"ArrayLoader: seed must be an int >= 0, got seed={seed!r}")
-        self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
-        check_arrays(self.inputs, self.targets, name=name)
-        if drop_last and len(self.inputs) < batch_size:
+        #: Whether inputs or targets are structures, or there are sample weights: batches
+        #: are then sliced leaf by leaf (plain arrays keep the one-index path).
+        self.structured = is_structured(inputs) or is_structured(targets)
+        self.structured |= sample_weight is not None
+        if self.structured:
+            self.inputs, self.targets = (
+                map_leaves(np.asarray, inputs),
+                map_leaves(np.asarray, targets),
+            )
+            self.sample_weight = None if sample_weight is None else np.asarray(sample_weight)
+            self.num_examples = check_structured(
+                self.inputs, self.targets, self.sample_weight, name
+            )
+        else:
+            self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
+            self.sample_weight = None
+            check_arrays(self.inputs, self.targets, name=name)
+            self.num_examples = len(self.inputs)
+        if drop_last and self.num_examples < batch_size:
             raise DataError(
-                f"ArrayLoader: drop_last=True with {len(self.inputs)} examples and "
+                f"ArrayLoader: drop_last=True with {self.num_examples} examples and "
                 f"batch_size={batch_size} leaves no batch; lower batch_size"
             )
         self.batch_size, self.shuffle, self.seed, self.drop_last = (
@@ -303,21 +405,27 @@ class ArrayLoader:
         )
 
     def __len__(self) -> int:
-        full, rest = divmod(len(self.inputs), self.batch_size)
+        full, rest = divmod(self.num_examples, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
     def order(self, epoch: int) -> np.ndarray:
         """The permutation of example indices used in ``epoch``."""
         if not self.shuffle:
-            return np.arange(len(self.inputs))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.inputs))
+            return np.arange(self.num_examples)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Yield the batches of ``epoch`` from batch number ``start`` on, in O(1) to seek."""
         order = self.order(epoch)
         for index in range(start, len(self)):
             chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
-            yield self.inputs[chosen], self.targets[chosen]
+            if not self.structured:
+                yield self.inputs[chosen], self.targets[chosen]
+                continue
+            rows: tuple[Any, ...] = (self.inputs, self.targets)
+            if self.sample_weight is not None:
+                rows += (self.sample_weight,)
+            yield tuple(map_leaves(operator.itemgetter(chosen), part) for part in rows)
 
 
 class IterableSource:
@@ -362,14 +470,20 @@ def as_batch_source(
 ) -> BatchSource:
     """Turn what a user passes to ``fit`` into a :class:`BatchSource`.
 
-    Accepts a :class:`BatchSource` (used as is), a tuple ``(inputs, targets)`` of arrays
-    (wrapped in an :class:`ArrayLoader`), or a re-iterable of batches. ``name`` is what error
-    messages call the data.
+    Accepts a :class:`BatchSource` (used as is), a tuple ``(inputs, targets)`` or
+    ``(inputs, targets, sample_weight)`` of arrays (inputs and targets each an array or a
+    tuple or dict of arrays; wrapped in an :class:`ArrayLoader`), or a re-iterable of
+    batches. ``name`` is what error messages call the data.
     """
     if isinstance(data, BatchSource):
         return data
     if isinstance(data, tuple) and len(data) == 2:
         return ArrayLoader(data[0], data[1], batch_size, shuffle=shuffle, seed=seed, name=name)
+    if isinstance(data, tuple) and len(data) == 3:  # with sample weights
+        inputs, targets, weight = data
+        return ArrayLoader(
+            inputs, targets, batch_size, shuffle=shuffle, seed=seed, name=name, sample_weight=weight
+        )
     if hasattr(data, "shape"):
         raise DataError(
             f"got one array of shape {data.shape} but no targets; pass (inputs, targets)"

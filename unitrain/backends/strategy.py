@@ -28,8 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from unitrain._errors import ConfigError, DataError
 from unitrain.backends.sharded import Sharded, shard_requested, sharded_strategy_for
+from unitrain.structure import is_structured, num_examples, slice_rows
 
 __all__ = [
     "DataParallel",
@@ -48,7 +51,8 @@ __all__ = [
     "worker_shard",
 ]
 
-Batch = tuple[Any, Any]
+#: ``(inputs, targets)`` or ``(inputs, targets, sample_weight)`` (see :mod:`unitrain.data`).
+Batch = tuple[Any, ...]
 
 
 @runtime_checkable
@@ -125,8 +129,23 @@ def shard_bounds(size: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
-    """Rows ``[start, stop)`` of both halves of a batch (numpy arrays or framework tensors)."""
-    return batch[0][start:stop], batch[1][start:stop]
+    """Rows ``[start, stop)`` of every part of a batch (numpy arrays or framework tensors),
+    every leaf of a structured one alike."""
+    if len(batch) == 2 and not (is_structured(batch[0]) or is_structured(batch[1])):
+        return batch[0][start:stop], batch[1][start:stop]  # the plain path: two slices
+    return tuple(slice_rows(part, start, stop) for part in batch)
+
+
+def _share(batch: Batch, start: int, stop: int) -> float:
+    """The part of the batch's loss rows ``[start, stop)`` carry: their share of the examples,
+    or with sample weights their share of the weight (so the weighted means of N slices,
+    each weighted so, add up to the weighted mean of the whole batch)."""
+    if len(batch) == 3 and batch[2] is not None:
+        weights = np.asarray(batch[2], np.float64)
+        total = float(weights.sum())
+        if total > 0:
+            return float(weights[start:stop].sum()) / total
+    return (stop - start) / num_examples(batch)
 
 
 def worker_shard(
@@ -140,11 +159,13 @@ def worker_shard(
         >>> [weight for _, weight in worker_shard(([1, 2, 3, 4], [0, 0, 1, 1]), 2, 1)]
         [0.5]
     """
-    size = len(batch[0])
+    size = num_examples(batch)
     start, stop = shard_bounds(size, world_size, rank)
     if stop == start:
         return []
-    return [(slice_batch(batch, start, stop), (stop - start) * scale / size)]
+    if len(batch) == 2:
+        return [(slice_batch(batch, start, stop), (stop - start) * scale / size)]
+    return [(slice_batch(batch, start, stop), _share(batch, start, stop) * scale)]
 
 
 def dropout_index(micro_batch: int, world_size: int, rank: int) -> int:
@@ -268,9 +289,9 @@ def check_splittable(source: Any, world_size: int) -> None:
 
     if world_size == 1 or not isinstance(source, ArrayLoader):
         return
-    smallest = min(len(source.inputs), source.batch_size)
-    if not source.drop_last and len(source.inputs) % source.batch_size:
-        smallest = len(source.inputs) % source.batch_size
+    smallest = min(source.num_examples, source.batch_size)
+    if not source.drop_last and source.num_examples % source.batch_size:
+        smallest = source.num_examples % source.batch_size
     if smallest < world_size:
         raise DataError(
             f"the smallest batch has {smallest} examples, fewer than the {world_size} workers "
@@ -285,7 +306,7 @@ def training_shards(strategy: Strategy, batch: Batch) -> list[tuple[Batch, float
     shards = strategy.shards(batch)
     if not shards:
         raise DataError(
-            f"a batch of {len(batch[0])} examples leaves this worker nothing to compute on "
+            f"a batch of {num_examples(batch)} examples leaves this worker nothing to compute on "
             f"{strategy.world_size} workers; make every batch at least that big"
         )
     return shards
@@ -303,7 +324,7 @@ def evaluate_over_workers(
     count = 0
     for batch in batches:
         for shard, _ in strategy.shards(batch):
-            n = len(shard[0])
+            n = num_examples(shard)
             for key, value in backend.evaluate(shard).items():
                 sums[key] = sums.get(key, 0.0) + value * n
             count += n

@@ -35,27 +35,36 @@ from unitrain.losses._base import (
     loss_types,
     mean_per_example,
     resolve_loss,
+    spread_weights,
     takes_labels,
     targets_like,
+    weighted_mean,
 )
 from unitrain.losses._classification import (
     BinaryCrossEntropyWithLogits,
     CrossEntropy,
     KLDivergence,
 )
+from unitrain.losses._objective import BatchView, Fields, Objective, batch_loss
 from unitrain.losses._regression import MSE, Huber
 
 __all__ = [
     "MSE",
     "AbstractLoss",
+    "BatchView",
     "BinaryCrossEntropyWithLogits",
     "CrossEntropy",
+    "Fields",
     "Huber",
     "KLDivergence",
+    "Objective",
+    "batch_loss",
     "loss_from_dict",
     "loss_types",
     "mean_per_example",
     "resolve_loss",
+    "spread_weights",
     "takes_labels",
     "targets_like",
+    "weighted_mean",
 ]

@@ -29,7 +29,9 @@ __all__ = [
     "mean_per_example",
     "resolve_loss",
     "takes_labels",
+    "spread_weights",
     "targets_like",
+    "weighted_mean",
 ]
 
 _REGISTRY: TypeRegistry[AbstractLoss] = TypeRegistry("loss")
@@ -78,6 +80,11 @@ class AbstractLoss(abc.ABC):
     def __call__(self, outputs: Array, targets: Array) -> Array:
         """The batch's loss: :meth:`reduce` of :meth:`per_example`, in the running ops."""
         return self.reduce(self.per_example(outputs, targets), outputs, targets)
+
+    def weighted(self, outputs: Array, targets: Array, sample_weight: Array) -> Array:
+        """The batch's loss with one weight per example: ``sum(w * l) / sum(w)`` of the values
+        :meth:`per_example` gives (a loss that weights its positions says how it combines)."""
+        return weighted_mean(self.per_example(outputs, targets), sample_weight)
 
     def reference(self, outputs: Any, targets: Any, *, per_example: bool = False) -> np.ndarray:
         """The loss (or with ``per_example``, its values per example) in float64, run by the
@@ -189,3 +196,19 @@ def mean_per_example(values: Array) -> Array:
 def targets_like(targets: Array, outputs: Array) -> Array:
     """``targets`` in the outputs' dtype and shape (a ``(N,)`` target for ``(N, 1)``)."""
     return ops.reshape(ops.cast(targets, ops.dtype(outputs)), ops.shape(outputs))
+
+
+def spread_weights(sample_weight: Array, values: Array) -> Array:
+    """One weight per example broadcast over ``values``' positions, in their dtype."""
+    shape = ops.shape(values)
+    weight = ops.cast(sample_weight, ops.dtype(values))
+    if len(shape) > 1:
+        weight = ops.reshape(weight, (shape[0],) + (1,) * (len(shape) - 1)) * ops.ones_like(values)
+    return weight
+
+
+def weighted_mean(values: Array, sample_weight: Array) -> Array:
+    """``sum(w * l) / sum(w)`` over every value, each example's weight spread over its
+    positions (a ``(N, L)`` loss counts every position of example ``i`` with ``w[i]``)."""
+    weight = spread_weights(sample_weight, values)
+    return ops.sum(weight * values) / ops.sum(weight)

@@ -15,7 +15,13 @@ import numpy as np
 
 from unitrain import ops
 from unitrain._errors import ConfigError, DataError
-from unitrain.losses._base import AbstractLoss, mean_per_example, targets_like
+from unitrain.losses._base import (
+    AbstractLoss,
+    mean_per_example,
+    spread_weights,
+    targets_like,
+    weighted_mean,
+)
 from unitrain.ops import Array
 
 __all__ = ["BinaryCrossEntropyWithLogits", "CrossEntropy", "KLDivergence"]
@@ -105,6 +111,20 @@ class CrossEntropy(AbstractLoss, type_name="cross_entropy"):
         weights = self._weights(outputs)
         counted = ones if weights is None else ops.take(weights, labels, 0)
         return ops.sum(values) / ops.sum(ops.where(kept, counted, ops.zeros_like(counted)))
+
+    def weighted(self, outputs: Array, targets: Array, sample_weight: Array) -> Array:
+        """With sample weights ``s``: ``sum(s * values) / sum(s * w[y])`` over the positions
+        kept, so the class weights and the ignored positions count as in :meth:`reduce`."""
+        values = self.per_example(outputs, targets)
+        if self.ignore_index is None and self.class_weights is None:
+            return weighted_mean(values, sample_weight)
+        labels, kept, _ = self._labels(outputs, targets, self._classes(outputs))
+        ones = ops.ones_like(ops.cast(labels, ops.dtype(values)))
+        weights = self._weights(outputs)
+        counted = ones if weights is None else ops.take(weights, labels, 0)
+        counted = ops.where(kept, counted, ops.zeros_like(counted))
+        weight = spread_weights(sample_weight, values)
+        return ops.sum(weight * values) / ops.sum(weight * counted)
 
     def check_targets(self, targets: np.ndarray, outputs: tuple[int, ...], name: str) -> None:
         """Integer labels, one per position, in ``[0, C)`` or equal to ``ignore_index``."""

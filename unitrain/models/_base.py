@@ -202,7 +202,7 @@ class AbstractLayer(abc.ABC):
             DataError: the input shape does not fit; the message names the layer and both
                 shapes.
         """
-        return self._output_shape(tuple(int(n) for n in input_shape))
+        return self._output_shape(_shapes(input_shape))
 
     def check_input(self, inputs: Any) -> None:
         """Refuse a batch the model cannot read, before any backend touches it.
@@ -215,6 +215,9 @@ class AbstractLayer(abc.ABC):
         Raises:
             DataError: the batch does not fit the model.
         """
+        if isinstance(inputs, (tuple, Mapping)):  # several inputs: one shape each
+            self.output_shape(_example_shapes(inputs))
+            return
         shape = getattr(inputs, "shape", None)
         if shape is None or len(shape) < 1:
             raise DataError(
@@ -267,13 +270,40 @@ class InputCheck:
         self.model = model
         #: Whether the model reads integer token ids (they must stay integers).
         self.tokens = model.input_kind == "tokens"
-        self._checked: tuple[int, ...] | None = None
+        self._checked: Any = None  # the last example shape (or shapes) that fitted
 
     def __call__(self, inputs: Any) -> None:
         """Raise DataError unless ``inputs`` (a batch) fits the model."""
-        if self.tokens or tuple(inputs.shape[1:]) != self._checked:
+        if isinstance(inputs, (tuple, Mapping)):
+            shapes = _example_shapes(inputs)
+            if shapes != self._checked:
+                self.model.check_input(inputs)
+                self._checked = shapes
+        elif self.tokens or tuple(inputs.shape[1:]) != self._checked:
             self.model.check_input(inputs)
             self._checked = tuple(inputs.shape[1:])
+
+
+def _shapes(shape: Any) -> Any:
+    """One example's shape as a tuple of ints; several inputs' shapes (a tuple of shapes or a
+    dict of them, as a model of several inputs reads them) each so."""
+    if isinstance(shape, Mapping):
+        return {key: _shapes(value) for key, value in shape.items()}
+    if any(isinstance(n, (tuple, list, Mapping)) for n in shape):
+        return tuple(_shapes(n) for n in shape)
+    return tuple(int(n) for n in shape)
+
+
+def _example_shapes(inputs: Any) -> Any:
+    """The shape of one example of every array of a structured batch, in its structure."""
+    if isinstance(inputs, Mapping):
+        return {key: _example_shapes(value) for key, value in inputs.items()}
+    if isinstance(inputs, tuple):
+        return tuple(_example_shapes(value) for value in inputs)
+    shape = getattr(inputs, "shape", None)
+    if shape is None or len(shape) < 1:
+        raise DataError(f"every input must be an array with a batch axis, got {inputs!r}")
+    return tuple(int(n) for n in shape[1:])
 
 
 def _join(prefix: str, name: str) -> str:

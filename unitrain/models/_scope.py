@@ -44,7 +44,7 @@ class Pass:
             mixed precision, as a low-precision kernel writes its output); None for none.
     """
 
-    __slots__ = ("after_layer", "draw", "new_state", "params", "state", "training")
+    __slots__ = ("after_layer", "draw", "losses", "new_state", "params", "state", "training")
 
     def __init__(
         self,
@@ -59,6 +59,8 @@ class Pass:
         self.draw, self.after_layer = draw, after_layer
         #: The state moved in this pass, by canonical name (train mode only).
         self.new_state: dict[str, Any] = {}
+        #: The loss terms layers reported in this pass (:meth:`Scope.add_loss`), in order.
+        self.losses: list[Any] = []
 
 
 class Scope:
@@ -131,6 +133,18 @@ class Scope:
         out = layer.forward(child, *inputs)
         after = run.after_layer
         return out if after is None else after(out)
+
+    def add_loss(self, term: Any) -> None:
+        """Report a scalar ``term`` (a KL divergence, an activity penalty) that the batch's
+        loss adds to the objective's value, in train and eval mode alike (as Keras adds a
+        layer's ``add_loss``). Under data parallelism each worker's term is weighted like its
+        loss, so a term that is a mean over the batch's examples stays one."""
+        if len(ops.shape(term)) != 0:
+            raise ConfigError(
+                f"{self.layer.describe()} reported a loss term of shape {ops.shape(term)}; "
+                "scope.add_loss takes a scalar: reduce the term (ops.mean, ops.sum) first"
+            )
+        self._pass.losses.append(term)
 
     def dropout(self, x: Any, p: float) -> Any:
         """``x`` with each value zeroed with probability ``p`` in train mode and the

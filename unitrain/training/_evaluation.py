@@ -16,6 +16,7 @@ from unitrain.backends.protocol import DeviceOutputs
 from unitrain.backends.strategy import Strategy, evaluate_over_workers
 from unitrain.data import BatchSource
 from unitrain.metrics import Metric, MetricTotals
+from unitrain.structure import first_leaf, num_examples
 
 __all__ = ["evaluate"]
 
@@ -49,15 +50,18 @@ def evaluate(
     count = 0
     totals = MetricTotals(metrics)
     for batch in batches:
-        n = len(batch[0])
+        n = num_examples(batch)
         for key, value in backend.evaluate(batch).items():
             sums[key] = sums.get(key, 0.0) + value * n
         count += n
+        # Metrics compare the first output with the first target (see unitrain.losses.Objective).
         if metrics and isinstance(backend, DeviceOutputs):
             outputs, targets = backend.outputs(batch)  # stay on the device
-            totals.add(outputs, targets, batch[1], backend.array_ops)
+            host = first_leaf(batch[1])
+            totals.add(first_leaf(outputs), first_leaf(targets), host, backend.array_ops)
         elif metrics:
-            totals.add(backend.predict(batch[0]), batch[1], batch[1])
+            host = first_leaf(batch[1])
+            totals.add(first_leaf(backend.predict(batch[0])), host, host)
     if count == 0:
         raise DataError(f"{label} yielded no batches; pass at least one example")
     return {**{key: float(value) / count for key, value in sums.items()}, **totals.results()}

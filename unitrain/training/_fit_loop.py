@@ -28,6 +28,7 @@ from unitrain.callbacks._base import CallbackList
 from unitrain.data import ArrayLoader, BatchSource
 from unitrain.metrics import Metric
 from unitrain.schedules import AbstractSchedule
+from unitrain.structure import batch_weight, num_examples
 from unitrain.training._evaluation import evaluate
 from unitrain.training._run_state import TrainState
 from unitrain.training._running import RunningLoss
@@ -216,9 +217,9 @@ class FitLoop:
         batches = source.batches(epoch, start)
         if k > 1 and self._multi_step:
             while chunk := list(islice(batches, min(k, self.steps_left))):
-                sizes = {len(batch[0]) for batch in chunk}
-                if len(chunk) < k or len(sizes) > 1:
-                    yield from (("group", [batch], 1, len(batch[0])) for batch in chunk)
+                sizes = {num_examples(batch) for batch in chunk}
+                if len(chunk) < k or len(sizes) > 1 or len(chunk[0]) != 2:
+                    yield from (("group", [batch], 1, num_examples(batch)) for batch in chunk)
                     continue
                 stacked = (np.stack([b[0] for b in chunk]), np.stack([b[1] for b in chunk]))
                 yield "stacked", stacked, k, sizes.pop()
@@ -242,7 +243,7 @@ class FitLoop:
             lr = lr_at(state.step)
             if begin:
                 callbacks.call("on_batch_begin", self, state.batch)
-            running.add(update(batch, lr, step=state.step), len(batch[0]))
+            running.add(update(batch, lr, step=state.step), num_examples(batch))
             self._after_update(1, 1, lr)
             if state.stop_training or state.step >= max_steps:
                 break
@@ -276,14 +277,14 @@ class FitLoop:
         self.callbacks.call("on_batch_begin", self, state.batch)
         if self._fused:
             loss = calls.train_step(group[0], lr, step=state.step)
-            self._running.add(loss, len(group[0][0]))
+            self._running.add(loss, num_examples(group[0]))
         else:
-            sizes = [len(batch[0]) for batch in group]
+            sizes = [batch_weight(batch) for batch in group]
             total, micro_batch = sum(sizes), 0
             for batch, n in zip(group, sizes):
                 for shard, weight in training_shards(self.strategy, batch):
                     loss = calls.forward(shard, step=state.step, micro_batch=micro_batch)
-                    self._running.add(loss, len(shard[0]))
+                    self._running.add(loss, num_examples(shard))
                     backend.backward(weight * n / total)
                     micro_batch += 1
             backend.step(lr)
@@ -361,7 +362,7 @@ class FitLoop:
                 "the device; batches are sent from the host",
                 stacklevel=3,
             )
-        elif isinstance(source, ArrayLoader):
+        elif isinstance(source, ArrayLoader) and not source.structured:
             self.backend.set_device_data(source.inputs, source.targets)
             self._device_source = source
 

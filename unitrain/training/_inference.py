@@ -13,6 +13,7 @@ from unitrain.backends.protocol import Predict
 from unitrain.checkpoint import load_checkpoint
 from unitrain.checkpoint._resume import check_tensors
 from unitrain.data import as_batch_source
+from unitrain.structure import is_structured, num_examples
 
 __all__ = ["load_weights", "predict"]
 
@@ -21,15 +22,29 @@ def predict(backend: Any, data: Any, batch_size: int) -> np.ndarray:
     """``backend``'s outputs for ``data`` (see :meth:`unitrain.Trainer.predict`)."""
     if not isinstance(backend, Predict):
         raise ConfigError(f"the {backend.name} backend has no predict(inputs)")
+    if isinstance(data, dict):  # several inputs, no targets
+        data = (data, np.zeros(num_examples((data,)), np.int64))
     if isinstance(data, tuple) or not hasattr(data, "shape"):
         source = as_batch_source(data, batch_size, 0, False, "data")
         inputs: Iterable[Any] = (batch[0] for batch in source.batches(0))
     else:  # one inputs array: no targets to pair it with
         inputs = (data[i : i + batch_size] for i in range(0, len(data), batch_size))
-    outputs = [np.asarray(backend.predict(batch)) for batch in inputs]
+    outputs = [backend.predict(batch) for batch in inputs]
     if not outputs:
         raise DataError("predict: data holds no examples")
-    return np.concatenate(outputs)
+    if is_structured(outputs[0]):  # several outputs: each joined over the batches
+        return _join(outputs)
+    return np.concatenate([np.asarray(out) for out in outputs])
+
+
+def _join(outputs: list[Any]) -> Any:
+    """Batches of structured outputs (tuples or dicts of arrays) joined leaf by leaf."""
+    first = outputs[0]
+    if isinstance(first, dict):
+        return {key: _join([out[key] for out in outputs]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(_join([out[i] for out in outputs]) for i in range(len(first)))
+    return np.concatenate([np.asarray(out) for out in outputs])
 
 
 def load_weights(backend: Any, path: str | Path) -> None:

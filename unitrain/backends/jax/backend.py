@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from unitrain import ConfigError, optim
+from unitrain import ConfigError, losses, optim
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
@@ -59,6 +59,7 @@ from unitrain.backends.jax.core import (
     request_deterministic_gpu_ops,
     resolve_device,
     state_array,
+    structured_batch,
 )
 from unitrain.backends.jax.distributed import (
     JaxDistributed,
@@ -90,6 +91,7 @@ from unitrain.backends.protocol import (
 from unitrain.backends.strategy import dropout_index
 from unitrain.losses import resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.structure import is_structured, map_leaves, num_examples
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
@@ -153,6 +155,9 @@ class JaxBackend:
             program, params, model_state = as_native_model(model)
         loss = resolve_loss(options.loss)  # "mse" and MSE() share their compiled code
         _, self.classification = loss_function(loss)
+        #: Whether the loss reads the whole batch (an objective): every batch is then a
+        #: structured one (see :func:`.core.structured_batch`).
+        self._reads_batch = bool(getattr(loss, "reads_batch", False))
         self._fn = functions(
             program,
             loss,
@@ -210,10 +215,20 @@ class JaxBackend:
     def _arrays(self, batch: Batch) -> tuple[Any, Any]:
         """The batch as jit arguments (see :func:`.core.host_batch`), split over the local
         devices when data-parallel."""
-        x, y = batch
-        if self._input_check is not None:
-            self._input_check(x)
-        x, y = host_batch(x, y, self._tokens, self.classification)
+        if (
+            len(batch) != 2
+            or self._reads_batch
+            or is_structured(batch[0])
+            or is_structured(batch[1])
+        ):
+            if self._input_check is not None:
+                self._input_check(batch[0])
+            x, y = structured_batch(batch)
+        else:
+            x, y = batch
+            if self._input_check is not None:
+                self._input_check(x)
+            x, y = host_batch(x, y, self._tokens, self.classification)
         return (x, y) if self._batch_sharding is None else self._shard_batch(x, y)
 
     def _shard_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
@@ -346,8 +361,9 @@ class JaxBackend:
 
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode, on the host."""
-        x, _ = self._arrays((inputs, np.zeros(len(inputs), np.int32)))
-        return np.asarray(self._fn.predict(self._state.params, self._state.model_state, x))
+        x, _ = self._arrays((inputs, np.zeros(num_examples((inputs,)), np.int32)))
+        outputs = self._fn.predict(self._state.params, self._state.model_state, x)
+        return map_leaves(np.asarray, outputs)
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = jnp
@@ -355,7 +371,8 @@ class JaxBackend:
     def outputs(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
         """Eval-mode outputs and the targets as device arrays, for metrics."""
         x, y = self._arrays(batch)
-        return self._fn.predict(self._state.params, self._state.model_state, x), self._put(y)
+        targets = y.targets if type(y) is losses.BatchView else y
+        return self._fn.predict(self._state.params, self._state.model_state, x), self._put(targets)
 
     # -- fast paths beyond the protocol -------------------------------------------------------
 

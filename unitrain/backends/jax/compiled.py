@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from unitrain import optim
+from unitrain import losses, ops, optim
+from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.layers import layers_apply
 from unitrain.backends.jax.model import dropout_key, loss_function
 from unitrain.backends.jax.optimizers import guarded_update, optimizer_for
@@ -32,6 +33,7 @@ from unitrain.backends.jax.precision import (
     scale_of,
 )
 from unitrain.backends.precision import LossScaler
+from unitrain.structure import first_leaf
 
 __all__ = [
     "APPLIED",
@@ -152,19 +154,45 @@ def build_functions(
 
         return jax.jit(traced, **options)
 
+    portable = not callable(model)
+
+    def run_model(params: Any, model_state: Any, x: Any, train: bool, key: Any) -> Any:
+        """``(outputs, new state, terms)``: the loss terms the layers reported (none from a
+        native model), all traced into the caller's function."""
+        terms: list[Any] = []
+        extra = {"terms": terms} if portable else {}
+        outputs, new_state = apply(params, model_state, x, train=train, rng=key, **extra)
+        return outputs, new_state, terms
+
+    def batch_loss(outputs: Any, y: Any, terms: list[Any]) -> Any:
+        """The loss of ``outputs``: the plain loss function on ``(x, y)`` batches, else
+        :func:`unitrain.losses.batch_loss` (``y`` a ``BatchView`` of the whole batch)."""
+        if type(y) is not losses.BatchView and not terms:
+            return loss_fn(outputs, y)
+        view = y if type(y) is losses.BatchView else losses.BatchView(None, y)
+        with ops.using(jax_ops):
+            return losses.batch_loss(
+                losses.resolve_loss(loss),
+                outputs,
+                view.inputs,
+                view.targets,
+                view.sample_weight,
+                terms,
+            )
+
     def train_loss(
         params: Any, model_state: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any
     ) -> tuple[Any, Any]:
         """``(loss, new model state)``: the state is the auxiliary output of the gradient."""
         key = dropout_key(cfg.seed, step, micro)
         if compute_dtype is None:
-            outputs, new_state = apply(params, model_state, x, train=True, rng=key)
-            return loss_fn(outputs, y), new_state
+            outputs, new_state, terms = run_model(params, model_state, x, True, key)
+            return batch_loss(outputs, y, terms), new_state
         params, x = cast_floats((params, x), compute_dtype)
-        outputs, new_state = apply(params, model_state, x, train=True, rng=key)
+        outputs, new_state, terms = run_model(params, model_state, x, True, key)
         # Model state (BatchNorm statistics) stays in its float32 master dtype, as parameters do.
         new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
-        return loss_fn(outputs.astype(jnp.float32), y), new_state
+        return batch_loss(as_float32(outputs), y, terms), new_state
 
     def loss_scale(counters: Any) -> Any:
         """What the loss is multiplied by before differentiation: 1 unless scaling."""
@@ -261,19 +289,25 @@ def build_functions(
 
         return jax.lax.scan(body, state, (indices, lrs))
 
-    def predict(params: Any, model_state: Any, x: Any) -> Any:
-        """Eval-mode outputs (in the compute dtype under mixed precision, read as float32)."""
+    def eval_outputs(params: Any, model_state: Any, x: Any) -> tuple[Any, list[Any]]:
+        """Eval-mode outputs (in the compute dtype under mixed precision, read as float32)
+        and the loss terms reported."""
         if compute_dtype is not None:
             params, x = cast_floats((params, x), compute_dtype)
-        outputs, _ = apply(params, model_state, x, train=False, rng=None)  # state unchanged
-        return outputs.astype(jnp.float32)
+        outputs, _, terms = run_model(params, model_state, x, False, None)  # state unchanged
+        return as_float32(outputs), terms
+
+    def predict(params: Any, model_state: Any, x: Any) -> Any:
+        return eval_outputs(params, model_state, x)[0]
 
     def evaluate(params: Any, model_state: Any, x: Any, y: Any) -> dict[str, Any]:
         counts["evaluate"] += 1
-        outputs = predict(params, model_state, x)
-        metrics = {"loss": loss_fn(outputs, y)}
-        if classification:
-            metrics["accuracy"] = jnp.mean(jnp.argmax(outputs, axis=-1) == y, dtype=jnp.float32)
+        outputs, terms = eval_outputs(params, model_state, x)
+        metrics = {"loss": batch_loss(outputs, y, terms)}
+        if classification:  # the first output against the first target
+            first, labels = first_leaf(outputs), first_leaf(_targets(y))
+            hits = jnp.argmax(first, axis=-1) == labels
+            metrics["accuracy"] = jnp.mean(hits, dtype=jnp.float32)
         return metrics
 
     return Functions(
@@ -289,6 +323,16 @@ def build_functions(
         evaluate=jit(evaluate),
         predict=jit(predict),
     )
+
+
+def as_float32(outputs: Any) -> Any:
+    """Every output in float32 (the loss's dtype under mixed precision)."""
+    return jax.tree.map(lambda out: out.astype(jnp.float32), outputs)
+
+
+def _targets(y: Any) -> Any:
+    """The targets of a jit argument: ``y`` itself, or a ``BatchView``'s."""
+    return y.targets if type(y) is losses.BatchView else y
 
 
 _cached_functions = functools.lru_cache(maxsize=16)(build_functions)

@@ -18,6 +18,7 @@ __all__ = [
     "request_deterministic_gpu_ops",
     "resolve_device",
     "state_array",
+    "structured_batch",
 ]
 
 
@@ -96,6 +97,29 @@ def host_batch(x: Any, y: Any, tokens: bool, classification: bool) -> tuple[Any,
         elif np.issubdtype(y.dtype, np.floating):
             y = y.astype(np.float32, copy=False)
     return x, y
+
+
+def structured_batch(batch: Any) -> tuple[Any, Any]:
+    """A structured batch (tuples or dicts of arrays, sample weights) as jit arguments:
+    ``(inputs, losses.BatchView(inputs, targets, sample_weight))``, integer leaves as int32
+    (token ids, labels, masks; x64 is off), the others float32."""
+    from unitrain import losses
+    from unitrain.structure import map_leaves, split_batch
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, jax.Array):
+            return value
+        array = np.asarray(value)
+        if array.dtype.kind in "iu":
+            return array.astype(np.int32, copy=False)
+        with np.errstate(over="ignore"):
+            return array if array.dtype.kind == "b" else array.astype(np.float32, copy=False)
+
+    inputs, targets, weight = split_batch(batch)
+    x = map_leaves(leaf, inputs)
+    return x, losses.BatchView(
+        x, map_leaves(leaf, targets), None if weight is None else leaf(weight)
+    )
 
 
 class ResidentScalar:

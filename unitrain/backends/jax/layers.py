@@ -39,7 +39,8 @@ def layers_apply(model: AbstractLayer) -> StatefulApplyFn:
 
     ``params`` and ``state`` are flat dicts under canonical names; ``rng`` is the pass's
     dropout key (None in eval mode, or when nothing drops). ``new_state`` holds every state
-    tensor: moved by the batch in train mode, unchanged in eval mode.
+    tensor: moved by the batch in train mode, unchanged in eval mode. A list passed as
+    ``terms`` receives the loss terms the layers reported (``scope.add_loss``), traced.
 
     Dropout masks: the ``k``-th draw of a pass, in the order the layers run, is
     ``jax.random.uniform(jax.random.fold_in(rng, k), shape, dtype)`` in the dropped value's
@@ -56,10 +57,15 @@ def layers_apply(model: AbstractLayer) -> StatefulApplyFn:
         *,
         train: bool,
         rng: Any,
+        terms: list[Any] | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         draw = None if rng is None else _uniform_stream(rng, first)
+        run = Pass(params, state, training=train, draw=draw)
         with ops.using(jax_ops):
-            return apply(model, x, Pass(params, state, training=train, draw=draw))
+            result = apply(model, x, run)
+        if terms is not None:  # the loss terms the layers reported (scope.add_loss)
+            terms.extend(run.losses)
+        return result
 
     return run
 

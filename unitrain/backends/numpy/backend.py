@@ -49,6 +49,7 @@ from unitrain.backends.protocol import (
     split_state,
 )
 from unitrain.models import AbstractLayer, Draw, InputCheck, Pass, apply
+from unitrain.structure import first_leaf, is_structured, map_leaves
 
 __all__ = ["NumpyBackend"]
 
@@ -117,6 +118,10 @@ class NumpyBackend:
         #: Whether every loss since the last step was finite (a step with one that is not is
         #: skipped, as one with a non-finite gradient is).
         self._losses_finite = True
+        #: Whether the loss reads the whole batch (an objective), and the loss terms the
+        #: layers reported in the last pass.
+        self._reads_batch = bool(getattr(self.loss, "reads_batch", False))
+        self._terms: list[Any] = []
 
     @property
     def device(self) -> str:
@@ -141,7 +146,9 @@ class NumpyBackend:
         """
         self._input_check(x)
         low = self._rounding
-        if self._input_check.tokens:
+        if is_structured(x):
+            x = map_leaves(functools.partial(self._leaf, low), x)
+        elif self._input_check.tokens:
             x = np.asarray(x)
         else:
             x = np.asarray(x, self.dtype) if low is None else low(np.asarray(x, self.dtype))
@@ -155,11 +162,21 @@ class NumpyBackend:
         run = Pass(params, self.model_state, training=train, draw=draw, after_layer=after)
         out, state = self._apply(x, run)
         if after is not None:
-            out = after(out)
+            out = map_leaves(after, out)
+        self._terms = run.losses
         if not train:
-            return value_of(out)
+            return map_leaves(value_of, out)
         self.model_state, self._tracked = state, params
         return out
+
+    def _leaf(self, low: Any, leaf: Any) -> np.ndarray:
+        """A leaf of a structured batch as the model reads it: integers stay integers (token
+        ids, masks), anything else in the parameters' dtype (rounded under mixed precision)."""
+        array = np.asarray(leaf)
+        if array.dtype.kind in "iub":
+            return array
+        array = array.astype(self.dtype)
+        return array if low is None else low(array)
 
     def _apply(self, x: Any, run: Pass) -> tuple[Any, dict[str, Any]]:
         """The core's forward of the model under the reference's ops: ``(outputs, state)``.
@@ -173,7 +190,7 @@ class NumpyBackend:
         return [self.options.seed, step, micro_batch]
 
     def _draw(self, step: int, micro_batch: int) -> Draw:
-        """The pass's uniform numbers: one generator seeded by :meth:`_dropout_seed`, drawn
+        """The native uniform numbers: one generator seeded by :meth:`_dropout_seed`, drawn
         by the layers in the order they run, made at the first draw (a pass that drops
         nothing makes none).
 
@@ -190,13 +207,29 @@ class NumpyBackend:
 
         return draw
 
-    def _loss(self, out: Any, y: Any) -> Any:
+    def _loss(self, out: Any, y: Any, batch: Batch | None = None) -> Any:
         """The batch's loss of ``out`` (tracked in a train pass, so backward differentiates
-        it), computed by the loss's own code under these ops.
+        it), computed by the loss's own code under these ops, plus the terms layers reported.
 
         Every batch's targets are checked first (a DataError): the Trainer checks a native
         loader's first batch only, and indexing would read label ``-1`` as the last class.
+        A structured batch, sample weights, an objective or reported terms go through
+        :func:`unitrain.losses.batch_loss`, whose targets are leaves as they come.
         """
+        if batch is not None and (
+            len(batch) == 3
+            or self._terms
+            or is_structured(out)
+            or is_structured(y)
+            or self._reads_batch
+        ):
+            inputs = map_leaves(functools.partial(self._leaf, None), batch[0])
+            targets = map_leaves(functools.partial(self._leaf, None), y)
+            weight = None if len(batch) < 3 or batch[2] is None else self._leaf(None, batch[2])
+            if not self._reads_batch and not is_structured(out) and not is_structured(y):
+                self.loss.check_targets(np.asarray(y), value_of(out).shape[1:], "a batch")
+            with ops.using(self.ops):
+                return losses.batch_loss(self.loss, out, inputs, targets, weight, self._terms)
         targets = np.asarray(y)
         self.loss.check_targets(targets, value_of(out).shape[1:], "a batch")
         if targets.dtype.kind == "f":
@@ -212,10 +245,10 @@ class NumpyBackend:
         self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
     ) -> Any:
         """Run in train mode and keep the graph for backward; return the mean loss."""
-        x, y = batch
+        x, y = batch[0], batch[1]
         key = self._numbers.forward(step, micro_batch)
         with np.errstate(all="ignore"):
-            loss = self._loss(self._run(x, train=True, key=key), y)
+            loss = self._loss(self._run(x, train=True, key=key), y, batch)
         self._graph = (loss, self._tracked)  # backward starts from the loss
         value = value_of(loss)[()]
         self._losses_finite &= bool(np.isfinite(value))
@@ -271,12 +304,13 @@ class NumpyBackend:
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Mean loss (and accuracy for classification) in eval mode: no dropout, the running
         statistics used and left unchanged."""
-        x, y = batch
+        x, y = batch[0], batch[1]
         with np.errstate(all="ignore"):
             out = self._run(x, train=False)
-            loss = value_of(self._loss(out, y))[()]
+            loss = value_of(self._loss(out, y, batch))[()]
         metrics = {"loss": loss}
-        if self.loss.takes_labels:
+        if self.loss.takes_labels:  # the first output against the first target
+            out, y = first_leaf(out), first_leaf(y)
             labels = np.asarray(y).reshape(out.shape[:-1])
             metrics["accuracy"] = np.mean(out.argmax(axis=-1) == labels)
         return metrics
@@ -290,9 +324,9 @@ class NumpyBackend:
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = np
 
-    def outputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        """Eval-mode outputs and the targets, for metrics."""
-        return self.predict(batch[0]), np.asarray(batch[1])
+    def outputs(self, batch: Batch) -> tuple[Any, Any]:
+        """Eval-mode outputs and the targets, for metrics (structures as they come)."""
+        return self.predict(batch[0]), map_leaves(np.asarray, batch[1])
 
     # -- state -----------------------------------------------------------------------------
 

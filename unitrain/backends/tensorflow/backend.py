@@ -83,6 +83,7 @@ from unitrain.backends.tensorflow.precision import (
 from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.losses import AbstractLoss, resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.structure import is_structured, map_leaves, num_examples
 
 __all__ = ["TensorFlowBackend"]
 
@@ -174,6 +175,8 @@ class TensorFlowBackend(CompiledGraphs):
             self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
             self.loss_scale = LossScale(options)
         self.loss_fn, self.classification = tf_model.loss_function(options.loss)
+        self.loss_object = resolve_loss(options.loss)
+        self._reads_batch = bool(getattr(self.loss_object, "reads_batch", False))
         self._loss_reads_targets = isinstance(resolve_loss(options.loss), AbstractLoss)
         # Every train pass of a portable model gets a dropout key, so a layer of the user's
         # that drops values has its stream too (two stateless ops; unused where nothing draws).
@@ -208,7 +211,18 @@ class TensorFlowBackend(CompiledGraphs):
         inputs = tf.int64 if self._tokens else self.dtype  # token ids stay ids
         return prefetch(batches, self.device_name, inputs, self.classification)
 
-    def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+    def _tensors(self, batch: Batch) -> tuple[Any, Any]:
+        """``(x, y)`` as tensors; a structured batch (or any under an objective) as ``(x,
+        whole batch)`` (see :func:`.model.structured_tensors`)."""
+        if (
+            len(batch) != 2
+            or self._reads_batch
+            or is_structured(batch[0])
+            or is_structured(batch[1])
+        ):
+            if self._input_check is not None:
+                self._input_check(batch[0])
+            return tf_model.structured_tensors(batch, self.dtype)
         x, y = batch
         if self._input_check is not None:
             self._input_check(x)
@@ -387,15 +401,18 @@ class TensorFlowBackend(CompiledGraphs):
         x, y = self._tensors(batch)
         return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
 
-    def _eval_outputs(self, x: tf.Tensor) -> tf.Tensor:
+    def _eval_outputs(self, x: Any) -> Any:
         """Eval-mode outputs in the parameter dtype (run eagerly)."""
         out = self.module(self._compute_input(x), training=False)
-        return out if self._compute_dtype is None else tf.cast(out, self.dtype)
+        return out if self._compute_dtype is None else map_leaves(self._in_dtype, out)
+
+    def _in_dtype(self, out: tf.Tensor) -> tf.Tensor:
+        return tf.cast(out, self.dtype)
 
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
-        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))
-        return np.asarray(self._eval_outputs(x))
+        x, _ = self._tensors((inputs, np.zeros(num_examples((inputs,)), np.int64)))
+        return map_leaves(np.asarray, self._eval_outputs(x))
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = tnp
@@ -403,7 +420,7 @@ class TensorFlowBackend(CompiledGraphs):
     def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
         x, y = self._tensors(batch)
-        return self._eval_outputs(x), y
+        return self._eval_outputs(x), y[1] if isinstance(y, tuple) else y
 
     # -- state -------------------------------------------------------------------------------
 

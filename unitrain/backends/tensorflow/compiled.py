@@ -21,6 +21,7 @@ from unitrain.backends.tensorflow.core import spec
 from unitrain.backends.tensorflow.distributed import mirrored_loss_and_grads
 from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.backends.tensorflow.precision import LossScale
+from unitrain.structure import first_leaf, map_leaves
 
 __all__ = ["CompiledGraphs"]
 
@@ -38,6 +39,8 @@ class CompiledGraphs:
     skipped_count: tf.Variable
     loss_scale: LossScale
     loss_fn: Callable[[Any, Any], tf.Tensor]
+    #: The loss as data (structured batches compute it in ops).
+    loss_object: Any
     classification: bool
     #: Whether the loss is a unitrain.losses loss (which reshapes targets itself).
     _loss_reads_targets: bool
@@ -62,11 +65,12 @@ class CompiledGraphs:
         self._functions.clear()  # traced without the replicas
         self._polymorphic.clear()
 
-    def _compute_input(self, x: tf.Tensor) -> tf.Tensor:
+    def _compute_input(self, x: Any) -> Any:
         """``x`` in the compute dtype under mixed precision; token ids stay integers."""
-        if self._compute_dtype is not None and x.dtype.is_floating:
-            return tf.cast(x, self._compute_dtype)
-        return x
+        if self._compute_dtype is None:
+            return x
+        low = self._compute_dtype
+        return map_leaves(lambda leaf: tf.cast(leaf, low) if leaf.dtype.is_floating else leaf, x)
 
     def _model_loss(
         self, x: tf.Tensor, y: tf.Tensor, training: bool, key: Any, global_size: Any = None
@@ -74,19 +78,26 @@ class CompiledGraphs:
         """Outputs and loss: the batch's loss, or with ``global_size`` (a replica of a
         MirroredStrategy) this slice's loss weighted by its share of the global batch."""
         x = self._compute_input(x)
+        terms = None
         if isinstance(self.module, TFPortable):
             out = self.module(x, training=training, key=key)
-            out = tf.cast(out, self.dtype)  # the loss in float32 (a no-op without mixing)
+            terms = self.module.__dict__.get("reported_losses")
+            # The loss in float32 (a no-op without mixing).
+            out = map_leaves(lambda leaf: tf.cast(leaf, self.dtype), out)
         else:
             out = self.module(x, training=training)
-        # A unitrain.losses loss reads the targets as they come; a native callable gets them
-        # in the outputs' shape, as it always has.
-        target = y if self._loss_reads_targets else tf.reshape(y, tf.shape(out))
-        loss = self.loss_fn(out, target)
+        if terms or isinstance(y, tuple):  # a structured batch, an objective, loss terms
+            loss = tf_model.batch_loss_in_ops(self.loss_object, out, y, terms or ())
+        else:
+            # A unitrain.losses loss reads the targets as they come; a native callable gets
+            # them in the outputs' shape, as it always has.
+            target = y if self._loss_reads_targets else tf.reshape(y, tf.shape(out))
+            loss = self.loss_fn(out, target)
         if global_size is not None:
             # Replicas' gradients are summed, so each slice's loss is weighted by its share of
             # the global batch, as every strategy weights a worker's slice.
-            share = tf.cast(tf.shape(out)[0], loss.dtype) / tf.cast(global_size, loss.dtype)
+            rows = tf.shape(first_leaf(out))[0]
+            share = tf.cast(rows, loss.dtype) / tf.cast(global_size, loss.dtype)
             loss = loss * share
         if self._keras_losses and self.module.losses:
             penalty = tf.add_n(self.module.losses)  # Keras regularisation, as Keras counts it
@@ -200,7 +211,8 @@ class CompiledGraphs:
     def _evaluate_graph(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
         out, loss = self._model_loss(x, y, False, None)
         metrics = {"loss": loss}
-        if self.classification:
+        if self.classification:  # the first output against the first target
+            out, y = first_leaf(out), first_leaf(y[1] if isinstance(y, tuple) else y)
             correct = tf.equal(tf.argmax(out, axis=-1, output_type=y.dtype), y)
             metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
         return metrics
@@ -238,10 +250,14 @@ class CompiledGraphs:
         """A function per (name, input feature shapes and dtypes), batch axes left unknown
         (unless the model needs the batch size: :meth:`_traced_or_sized`)."""
         unknown = (2 if stacked else 1) - (name in self._sized)  # a stack's k stays unknown
-        key = (name, x.dtype, tuple(x.shape[unknown:]), y.dtype, tuple(y.shape[unknown:]))
+        if isinstance(y, tuple):  # a structured batch: its every leaf keys the function
+            key: tuple[Any, ...] = (name, *tf_model.structure_key((x, y), unknown))
+        else:
+            key = (name, x.dtype, tuple(x.shape[unknown:]), y.dtype, tuple(y.shape[unknown:]))
         function = self._functions.get(key)
         if function is None:
-            inputs = (spec(x, leading=unknown), spec(y, leading=unknown), *extra)
+            specs = [map_leaves(lambda t: spec(t, leading=unknown), part) for part in (x, y)]
+            inputs = (*specs, *extra)
             function = self._traced_or_sized(key, body, inputs)
             if function is None:
                 return self._batch_function(name, body, x, y, *extra, stacked=stacked)

@@ -92,6 +92,9 @@ class TFPortable(tf.Module):
             out, _ = apply(self.spec, x, run)
         for name, value in run.new_state.items():  # gradient-stopped by Scope.set_state
             self.state[name].assign(value)
+        # The loss terms the layers reported in this pass (``scope.add_loss``), read by the
+        # backend in the same trace; set in __dict__, which tf.Module would otherwise track.
+        self.__dict__["reported_losses"] = run.losses
         return out
 
 

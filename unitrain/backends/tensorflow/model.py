@@ -20,8 +20,17 @@ from unitrain import ConfigError, losses, ops
 from unitrain.backends.tensorflow import ops as tf_ops
 from unitrain.backends.tensorflow.layers import TFPortable
 from unitrain.models import MLP
+from unitrain.structure import leaves, map_leaves, split_batch
 
-__all__ = ["TFMLP", "dropout_key", "loss_function", "named_variables"]
+__all__ = [
+    "TFMLP",
+    "batch_loss_in_ops",
+    "dropout_key",
+    "loss_function",
+    "named_variables",
+    "structure_key",
+    "structured_tensors",
+]
 
 #: Philox on every device, so a mask does not depend on where it was drawn.
 _RNG_ALGORITHM = "philox"
@@ -124,3 +133,45 @@ def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     """The mean over every position of TensorFlow's fused softmax cross-entropy."""
     per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     return tf.reduce_mean(per_position)
+
+
+def structured_tensors(batch: Any, dtype: tf.DType) -> tuple[Any, tuple[Any, ...]]:
+    """A structured batch (tuples or dicts of arrays, sample weights) as tensors: integer
+    leaves as int64 (token ids, labels, masks), booleans as they are, the others in
+    ``dtype``. Returns the inputs and the whole batch as a tuple (``(x, y)`` or ``(x, y, w)``:
+    no None, which a traced signature cannot hold), which :func:`batch_loss_in_ops` reads."""
+
+    def tensor(leaf: Any) -> tf.Tensor:
+        value = tf.convert_to_tensor(leaf)
+        if value.dtype.is_floating and value.dtype != dtype:
+            return tf.cast(value, dtype)
+        if value.dtype.is_integer and value.dtype != tf.int64:
+            return tf.cast(value, tf.int64)
+        return value
+
+    inputs, targets, weight = split_batch(batch)
+    x = map_leaves(tensor, inputs)
+    whole = (x, map_leaves(tensor, targets))
+    return x, whole if weight is None else (*whole, tensor(weight))
+
+
+def batch_loss_in_ops(loss: Any, out: Any, whole: Any, terms: Any) -> tf.Tensor:
+    """:func:`unitrain.losses.batch_loss` under TensorFlow's ops; ``whole`` is the batch as
+    :func:`structured_tensors` gives it, or the plain targets."""
+    if not isinstance(loss, losses.AbstractLoss):
+        raise ConfigError(
+            "a structured batch, sample weights or loss terms reported by layers need a "
+            f"unitrain.losses loss written in ops, got the native callable {loss!r}"
+        )
+    inputs, targets, weight = (
+        split_batch(whole) if isinstance(whole, tuple) else (None, whole, None)
+    )
+    with ops.using(tf_ops):
+        result: tf.Tensor = losses.batch_loss(loss, out, inputs, targets, weight, terms)
+    return result
+
+
+def structure_key(tree: Any, unknown: int) -> tuple[Any, ...]:
+    """What a traced function of a structured batch is keyed by: every leaf's path, dtype
+    and shape past its first ``unknown`` axes."""
+    return tuple((path, leaf.dtype, tuple(leaf.shape[unknown:])) for path, leaf in leaves(tree))

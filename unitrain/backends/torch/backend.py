@@ -43,7 +43,7 @@ from unitrain.backends.torch.core import (
 from unitrain.backends.torch.kernels import device_guard, finite_check
 from unitrain.backends.torch.layers import PortableModule
 from unitrain.backends.torch.loops import UpdateLoops
-from unitrain.backends.torch.model import loss_function
+from unitrain.backends.torch.model import batch_loss_in_ops, loss_function, structured_tensors
 from unitrain.backends.torch.optimizers import optimizer_for
 from unitrain.backends.torch.precision import (
     MixedPrecision,
@@ -52,6 +52,7 @@ from unitrain.backends.torch.precision import (
 )
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.structure import first_leaf, is_structured, map_leaves, num_examples
 
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
@@ -114,6 +115,10 @@ class TorchBackend(UpdateLoops):
         #: Whether float targets go to the loss in the parameters' dtype (a native callable
         #: gets them as they come).
         self._float_targets = isinstance(losses.resolve_loss(options.loss), losses.AbstractLoss)
+        #: The loss as data, and whether it reads the whole batch (an objective): every
+        #: batch then goes the structured way (see :meth:`_tensors`).
+        self._loss_object = losses.resolve_loss(options.loss)
+        self._reads_batch = bool(getattr(self._loss_object, "reads_batch", False))
         self.optimizer = optimizer_for(options.optimizer, self.params)
         self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0  # updates applied: the optimizer's step
@@ -152,7 +157,18 @@ class TorchBackend(UpdateLoops):
         inputs = torch.int64 if self._tokens else self.dtype  # token ids stay ids
         return prefetch(batches, self.torch_device, inputs, self.classification)
 
-    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tensors(self, batch: Batch) -> tuple[Any, Any]:
+        """``(x, y)`` as tensors; for a structured batch, an objective or sample weights,
+        ``(inputs, losses.BatchView)`` (see :func:`.model.structured_tensors`)."""
+        if (
+            len(batch) != 2
+            or self._reads_batch
+            or is_structured(batch[0])
+            or is_structured(batch[1])
+        ):
+            if self._input_check is not None:
+                self._input_check(batch[0])
+            return structured_tensors(batch, self.torch_device, self.dtype)
         x, y = batch
         if self._input_check is not None:
             self._input_check(x)
@@ -173,8 +189,14 @@ class TorchBackend(UpdateLoops):
             y = y.to(self.dtype)
         return x, y
 
-    def _compute_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The loss of ``out``, in the parameters' dtype (float32 under mixed precision)."""
+    def _compute_loss(self, out: Any, y: Any) -> torch.Tensor:
+        """The loss of ``out``, in the parameters' dtype (float32 under mixed precision),
+        plus the loss terms the model's layers reported in the pass."""
+        terms = self.module.__dict__.get("reported_losses")  # a PortableModule's
+        if terms or type(y) is losses.BatchView:
+            if type(y) is not losses.BatchView:
+                y = losses.BatchView(None, y)
+            return batch_loss_in_ops(self._loss_object, out, y, terms or (), self.dtype)
         if out.dtype != self.dtype and out.is_floating_point():
             out = out.to(self.dtype)
         return self.loss_fn(out, y)
@@ -316,17 +338,19 @@ class TorchBackend(UpdateLoops):
         with torch.no_grad(), self._mixed.autocast():
             out = self.module(x)
             metrics = {"loss": self._compute_loss(out, y)}
-            if self.classification:
+            if self.classification:  # the first output against the first target
+                out, y = first_leaf(out), first_leaf(_targets(y))
                 hits = out.argmax(dim=-1) == y.reshape(out.shape[:-1])
                 metrics["accuracy"] = hits.to(torch.float32).mean()
         return metrics
 
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode, on the host."""
-        x, _ = self._tensors((inputs, np.zeros(len(inputs), np.int64)))  # token ids stay ints
+        rows = num_examples((inputs,))
+        x, _ = self._tensors((inputs, np.zeros(rows, np.int64)))  # token ids stay ints
         self.module.eval()
         with torch.no_grad(), self._mixed.autocast():
-            return to_numpy(self.module(x).to(self.dtype))
+            return map_leaves(lambda out: to_numpy(out.to(self.dtype)), self.module(x))
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = ArrayOps
@@ -336,7 +360,7 @@ class TorchBackend(UpdateLoops):
         x, y = self._tensors(batch)
         self.module.eval()
         with torch.no_grad(), self._mixed.autocast():
-            return self.module(x).to(self.dtype), y
+            return map_leaves(lambda out: out.to(self.dtype), self.module(x)), _targets(y)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -409,3 +433,8 @@ def reads_flag_on_host(
     keys are numbered by the caller (skipped updates included), not by applied updates.
     """
     return device.type == "cpu" or scaled or native is None
+
+
+def _targets(y: Any) -> Any:
+    """The targets of what :meth:`TorchBackend._tensors` gave: ``y`` or the view's."""
+    return y.targets if type(y) is losses.BatchView else y

@@ -25,6 +25,7 @@ from torch import nn
 from unitrain import ops
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.models import AbstractLayer, Pass, apply
+from unitrain.structure import first_leaf
 
 __all__ = ["PortableModule"]
 
@@ -110,7 +111,7 @@ class PortableModule(nn.Module):
         }
         training = self.training
         generator = self.generator
-        device = x.device
+        device = first_leaf(x).device  # several inputs: the first one's (all are there)
         draw = None
         if training and generator is not None:
 
@@ -132,6 +133,9 @@ class PortableModule(nn.Module):
             ops.leave(token)
         for name, value in run.new_state.items():  # detached by Scope.set_state
             self._keep_state(name, value)
+        # The loss terms the layers reported in this pass (``scope.add_loss``), which the
+        # backend adds to the loss; set in __dict__, skipping nn.Module's slower __setattr__.
+        self.__dict__["reported_losses"] = run.losses
         return out
 
     def _keep_state(self, name: str, value: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""The losses of the PyTorch adapter, and the deprecated name of the portable MLP's module."""
+"""The losses of the PyTorch adapter (structured batches' among them), and the deprecated name
+of the portable MLP's module."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from unitrain import ConfigError, losses, ops
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.layers import PortableModule
 from unitrain.models import MLP
+from unitrain.structure import map_leaves, split_batch
 
-__all__ = ["TorchMLP", "loss_function"]
+__all__ = ["TorchMLP", "batch_loss_in_ops", "loss_function", "structured_tensors"]
 
 
 class TorchMLP(PortableModule):
@@ -99,3 +101,45 @@ def loss_function(loss: Any, native: bool = True) -> tuple[LossFunction, bool]:
     native_form = NATIVE_LOSSES.get(type(loss)) if native else None
     fn = native_form(loss) if native_form is not None else written_in_ops(loss)
     return fn, loss.takes_labels
+
+
+def structured_tensors(
+    batch: Any, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, losses.BatchView]:
+    """A structured batch (tuples or dicts of arrays, sample weights) as tensors on
+    ``device``: integer leaves as int64 (token ids, labels, masks), the others in ``dtype``.
+    Returns the inputs and the whole batch, which :func:`batch_loss_in_ops` reads."""
+
+    def tensor(leaf: Any) -> torch.Tensor:
+        value = torch.as_tensor(leaf)
+        if value.is_floating_point():
+            return value.to(device, dtype)
+        return value.to(device, torch.int64 if value.dtype != torch.bool else torch.bool)
+
+    inputs, targets, weight = split_batch(batch)
+    x = map_leaves(tensor, inputs)
+    view = losses.BatchView(
+        x, map_leaves(tensor, targets), None if weight is None else tensor(weight)
+    )
+    return x, view
+
+
+def batch_loss_in_ops(
+    loss: Any, out: Any, batch: losses.BatchView, terms: Any, dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`unitrain.losses.batch_loss` under torch's ops, the outputs in ``dtype``
+    (float32 under mixed precision)."""
+    if not isinstance(loss, losses.AbstractLoss):
+        raise ConfigError(
+            "a structured batch, sample weights or loss terms reported by layers need a "
+            f"unitrain.losses loss written in ops, got the native callable {loss!r}"
+        )
+    out = map_leaves(lambda t: t.to(dtype) if t.is_floating_point() else t, out)
+    token = ops.enter(torch_ops)
+    try:
+        value: torch.Tensor = losses.batch_loss(
+            loss, out, batch.inputs, batch.targets, batch.sample_weight, terms
+        )
+    finally:
+        ops.leave(token)
+    return value

@@ -91,6 +91,15 @@ class IgnoresUpdateNumbers(NumpyBackend):
         return super().forward(batch)
 
 
+class PortableKeyOneStepAhead(NumpyBackend):
+    """Folds ``step + 1`` into the portable key (a counter advanced before the forward reads
+    it): masks still change every update and follow the numbers passed, but are not the ones
+    every other backend draws for that step."""
+
+    def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
+        return [self.options.seed, step + 1, micro_batch]
+
+
 class DropoutNotInverted(_DropoutVariant):
     """Zeroes units in training without scaling the kept ones by ``1 / (1 - p)``."""
 

@@ -439,9 +439,10 @@ def keyed_dropout(x, rng, k, p):
 
 
 def test_dropout_masks_are_keyed_as_they_always_were():
-    # Seeded runs and the paper results reproduce only if every mask is the one drawn before
-    # the layers ran through the core's forward: a bare MLP keyed by its hidden layer index
-    # from 0, every other model by the dropout's place in the run from 1.
+    # Under random="native" (layers_apply's default, BackendOptions.random="native"), seeded
+    # runs and the paper results reproduce only if every mask is the one drawn before the
+    # layers ran through the core's forward: a bare MLP keyed by its hidden layer index from
+    # 0, every other model by the dropout's place in the run from 1.
     from unitrain.backends.jax.layers import layers_apply
     from unitrain.models import Dropout, Linear, ReLU, Sequential
 

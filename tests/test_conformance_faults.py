@@ -441,6 +441,10 @@ FAULTS = {
         f.IgnoresUpdateNumbers,
         "dropout::keyed_by_the_callers_numbers[cpu-float32]",
     ),
+    "portable dropout key folded from the next step": (
+        f.PortableKeyOneStepAhead,
+        "dropout::portable_masks[cpu-float32]",
+    ),
     "dropout without inverted scaling": (
         f.DropoutNotInverted,
         "dropout::inverted_scaling[cpu-float32]",

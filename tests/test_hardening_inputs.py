@@ -194,6 +194,16 @@ def unsupported_dtype(tmp: Path) -> None:
     trainer(dtype="bfloat16")
 
 
+@entry(
+    SECTION,
+    "A random generator that does not exist",
+    ConfigError,
+    "Use 'portable' (the same dropout masks on every backend) or 'native'.",
+)
+def unknown_random_generator(tmp: Path) -> None:
+    trainer(random="philox")
+
+
 # -- data ---------------------------------------------------------------------------------------
 
 SECTION = "Data"

@@ -28,6 +28,7 @@ from unitrain.backends.numbering import UpdateNumbers
 from unitrain.backends.precision import LossScaler
 from unitrain.backends.state import check_state, split_state
 from unitrain.models._base import as_pair
+from unitrain.ops.random import check_generator
 from unitrain.optim import Optimizer
 
 __all__ = [
@@ -118,6 +119,9 @@ class BackendOptions:
         matmul_precision: ``"highest"``, ``"high"`` or ``"medium"``: the framework's float32
             matmul setting (see :mod:`unitrain.backends.precision`).
         precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        random: where dropout masks (and a layer's ``scope.random_key()`` draws) come from:
+            ``"portable"`` (:mod:`unitrain.ops.random`, the same bits on every backend) or
+            ``"native"`` (the framework's own generator, faster, its masks its own).
         loss_scaler: the rule of ``"16-mixed"``; its state is ``optimizer.loss_scale`` and
             ``optimizer.loss_scale_good_steps`` in the state dict.
     """
@@ -132,6 +136,10 @@ class BackendOptions:
     matmul_precision: str = "highest"
     precision: str = "32"
     loss_scaler: LossScaler = dataclasses.field(default_factory=LossScaler)
+    random: str = "portable"
+
+    def __post_init__(self) -> None:
+        check_generator(self.random)
 
 
 def _default_optimizer() -> Optimizer:

@@ -9,15 +9,27 @@ layer's place in the tree, so the canonical name of ``weight`` in child ``"2"`` 
 ``"2.weight"``.
 
 A backend runs a whole model with :func:`apply`: it hands in the parameters and state as flat
-dicts of its own arrays under canonical names, the mode, and how it draws uniform numbers, and
+dicts of its own arrays under canonical names, the mode, and the pass's random stream, and
 gets back the outputs and the new state. That is the whole of what an adapter does with a
 portable model, so a layer nobody wrote an adapter for runs on every backend.
+
+Randomness: a train pass carries a ``key``, ``ops.random.stream_key(seed, step,
+micro_batch)``, and each random site (a ``scope.dropout`` call, a ``scope.random_key()``)
+gets its own key folded in from it: the number of the site is the CRC-32 of the layer's
+canonical path (``"blocks.1.attention"``) times ``2**31``, plus how many draws that path has
+already made in this pass. So a site's numbers depend on where the layer sits in the model,
+not on how many other layers drew before it, and they are the same bits on every backend
+(:mod:`unitrain.ops.random`). A backend whose generator is the framework's own passes
+``draw`` instead (see :data:`Draw`): its masks are its own.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from unitrain import ops
 from unitrain._errors import ConfigError
@@ -25,10 +37,11 @@ from unitrain._errors import ConfigError
 if TYPE_CHECKING:
     from unitrain.models._base import AbstractLayer
 
-__all__ = ["Draw", "Pass", "Scope", "apply"]
+__all__ = ["Draw", "Pass", "Scope", "apply", "site_number"]
 
-#: ``draw(shape, dtype)``: uniform numbers in [0, 1) from the pass's random stream, as a
-#: backend array. Each call continues the stream, in the order the layers run.
+#: ``draw(shape, dtype)``: uniform numbers in [0, 1) from a framework's own generator, as a
+#: backend array (the ``"native"`` generator). Each call continues the stream, in the order
+#: the layers run.
 Draw = Callable[[Sequence[int], str], Any]
 
 
@@ -39,12 +52,27 @@ class Pass:
         params: parameters under canonical names, as the backend's arrays.
         state: model state under canonical names.
         training: train mode (dropout drops, BatchNorm uses and moves batch statistics).
-        draw: the pass's uniform random numbers (see :data:`Draw`); None when nothing drops.
+        draw: the native generator's uniform numbers (see :data:`Draw`); None when the
+            pass has a ``key`` or nothing drops.
+        key: the pass's portable key (``ops.random.stream_key(seed, step, micro_batch)``):
+            a numpy int32 array when the numbers are known on the host (the site keys are
+            then derived there, and only the draws run on the backend), or the backend's own
+            array (inside a compiled step). None: no portable stream.
         after_layer: applied to every child's output (the numpy reference rounds there under
             mixed precision, as a low-precision kernel writes its output); None for none.
     """
 
-    __slots__ = ("after_layer", "draw", "losses", "new_state", "params", "state", "training")
+    __slots__ = (
+        "after_layer",
+        "draw",
+        "draws",
+        "key",
+        "losses",
+        "new_state",
+        "params",
+        "state",
+        "training",
+    )
 
     def __init__(
         self,
@@ -53,14 +81,29 @@ class Pass:
         *,
         training: bool,
         draw: Draw | None = None,
+        key: Any = None,
         after_layer: Callable[[Any], Any] | None = None,
     ) -> None:
         self.params, self.state, self.training = params, state, training
-        self.draw, self.after_layer = draw, after_layer
+        self.draw, self.key, self.after_layer = draw, key, after_layer
+        #: How many site keys each canonical path took in this pass.
+        self.draws: dict[str, int] = {}
         #: The state moved in this pass, by canonical name (train mode only).
         self.new_state: dict[str, Any] = {}
         #: The loss terms layers reported in this pass (:meth:`Scope.add_loss`), in order.
         self.losses: list[Any] = []
+
+    def site_key(self, path: str) -> Any:
+        """The key of the next random site of the layer at ``path`` (see the module's
+        docstring), as an array of the active backend."""
+        occurrence = self.draws.get(path, 0)
+        self.draws[path] = occurrence + 1
+        number = site_number(path, occurrence)
+        if isinstance(self.key, np.ndarray):  # known on the host: derive it there, cheaply
+            with ops.using("numpy"):
+                derived = ops.random.fold_in(self.key, number)
+            return ops.asarray(derived, "int32")
+        return ops.random.fold_in(self.key, number)
 
 
 class Scope:
@@ -150,20 +193,38 @@ class Scope:
         """``x`` with each value zeroed with probability ``p`` in train mode and the
         survivors scaled by ``1 / (1 - p)``; ``x`` itself in eval mode or when ``p`` is 0.
 
-        A value survives where the pass's next uniform draw is below ``1 - p``.
+        With the portable generator a value survives where
+        ``ops.random.bernoulli(site_key, 1 - p, shape)`` is true: an integer comparison of
+        the top 24 bits, so the mask is the same whatever the compute dtype (bfloat16,
+        float16, float64) and on every backend. With a native ``draw``, where its uniform
+        number is below ``1 - p``.
         """
         if not (self._pass.training and p):
             return x
-        draw = self._pass.draw
-        if draw is None:
-            raise ConfigError(
-                f"{self.layer.describe()} drops values but the backend gave this pass no "
-                "random stream; a backend passes `draw` to unitrain.models.apply in train mode"
-            )
         keep = 1.0 - p
         dtype = ops.dtype(x)
-        mask = ops.cast(ops.less(draw(ops.shape(x), dtype), keep), dtype)
-        return x * mask / ops.asarray(keep, dtype)
+        if self._pass.key is not None:
+            kept = ops.random.bernoulli(self._pass.site_key(self._prefix), keep, ops.shape(x))
+        elif self._pass.draw is not None:
+            kept = ops.less(self._pass.draw(ops.shape(x), dtype), keep)
+        else:
+            raise self._no_stream("drops values")
+        return x * ops.cast(kept, dtype) / ops.asarray(keep, dtype)
+
+    def random_key(self) -> Any:
+        """A fresh key for this layer's own draws in this train pass (``ops.random.normal(
+        scope.random_key(), shape)`` for a VAE's noise): each call gives the next key of the
+        layer's site, the same bits on every backend."""
+        if self._pass.key is None:
+            raise self._no_stream("asked for a random key")
+        return self._pass.site_key(self._prefix)
+
+    def _no_stream(self, what: str) -> ConfigError:
+        return ConfigError(
+            f"{self.layer.describe()} {what} but the backend gave this pass no random stream; "
+            "a backend passes `key` (or a native `draw`) to unitrain.models.Pass in train "
+            "mode (see docs/writing-a-backend.md, 'Dropout keys')"
+        )
 
     def _unknown(self, kind: str, local: str, declared: Mapping[str, Any]) -> ConfigError:
         return ConfigError(
@@ -184,3 +245,13 @@ def apply(
     """
     out = model.forward(Scope(model, run), x)
     return out, {**run.state, **run.new_state}
+
+
+def site_number(path: str, occurrence: int) -> int:
+    """The number folded into a pass's key for draw ``occurrence`` (from 0) of the layer at
+    canonical ``path``: ``crc32(path) * 2**31 + occurrence``.
+
+    >>> site_number("", 0), site_number("blocks.0.attention", 1)
+    (0, 1337300709707612161)
+    """
+    return (zlib.crc32(path.encode()) << 31) | occurrence

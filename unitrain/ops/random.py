@@ -12,6 +12,8 @@ unsigned type (torch has no unsigned arithmetic).
   ``jax.random.key_data(jax.random.PRNGKey(s))``.
 - :func:`fold_in` derives a new key from a key and a number (a step, a layer's index), and
   :func:`split` ``n`` keys; a key is used for one draw, and a new draw takes a derived key.
+- :func:`stream_key` is the key of one forward pass's random stream (dropout, a layer's
+  noise): ``key(seed)`` with the update's step and micro-batch folded in.
 - :func:`bits`, :func:`uniform`, :func:`normal` and :func:`bernoulli` draw. ``bits`` and
   ``uniform`` agree bit for bit across backends; ``normal`` goes through ``log``, ``sqrt``
   and ``cos``, so it agrees to the float rounding of those functions.
@@ -34,13 +36,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from unitrain.ops._dispatch import active
+from unitrain._errors import ConfigError
+from unitrain.ops._dispatch import active, using
 from unitrain.ops._types import Array
 
-__all__ = ["Key", "bernoulli", "bits", "fold_in", "key", "normal", "split", "uniform"]
+__all__ = [
+    "GENERATORS",
+    "Key",
+    "bernoulli",
+    "bits",
+    "check_generator",
+    "fold_in",
+    "host_stream_key",
+    "key",
+    "normal",
+    "split",
+    "stream_key",
+    "uniform",
+]
 
 Key = Array  #: an int32 array of shape ``(2,)``: the key's two words, high word first.
 
@@ -51,6 +68,10 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 #: dtype, so none rounds up to 1; float64 keeps float32's 24 so that a float64 reference and a
 #: float32 backend draw the same numbers.
 _PRECISION = {"float64": 24, "float32": 24, "float16": 11, "bfloat16": 8}
+#: Where a forward pass's dropout masks come from: ``"portable"`` (this module's generator,
+#: the same masks on every backend; the default) or ``"native"`` (the framework's own,
+#: faster generator: masks differ from backend to backend).
+GENERATORS = ("portable", "native")
 
 
 def key(seed: int) -> Key:
@@ -79,6 +100,44 @@ def fold_in(key: Key, data: int | Array) -> Key:
         low = ops.reshape(ops.cast(data, "int32"), (1,))
         high = ops.ones((1,), "int32")
     return ops.concat(_threefry(ops, key, low, high), 0)
+
+
+def stream_key(seed: int | Key, *numbers: int | Array) -> Key:
+    """The key of one forward pass's random stream: ``key(seed)`` (or ``seed`` itself when it
+    is already a key) with each of ``numbers`` folded in, in order. Backends key a train
+    pass by ``stream_key(options.seed, step, micro_batch)``; each number may be a Python int
+    or an integer array scalar, so a compiled step keeps its step on the device.
+
+    Examples:
+        >>> from unitrain import ops
+        >>> with ops.using("numpy"):
+        ...     a = ops.random.stream_key(7, 3, 0)
+        ...     b = ops.random.fold_in(ops.random.fold_in(ops.random.key(7), 3), 0)
+        >>> bool((a == b).all())
+        True
+    """
+    derived = key(int(seed)) if isinstance(seed, (int, np.integer)) else seed
+    for number in numbers:
+        derived = fold_in(derived, number)
+    return derived
+
+
+def host_stream_key(seed: int, *numbers: int) -> np.ndarray:
+    """:func:`stream_key` computed on the host, as a numpy int32 array, whatever backend is
+    active: what a backend that knows a pass's numbers on the host hands the pass, which then
+    derives its site keys on the host too and runs only the draws on the device."""
+    with using("numpy"):
+        return np.asarray(stream_key(seed, *numbers))
+
+
+def check_generator(value: object) -> str:
+    """``value`` if it names a generator in :data:`GENERATORS`, else a ConfigError."""
+    if value not in GENERATORS:
+        raise ConfigError(
+            f"random must be one of {GENERATORS}, got {value!r}: 'portable' draws the same "
+            "dropout masks on every backend, 'native' the framework's own (faster) ones"
+        )
+    return str(value)
 
 
 def split(key: Key, n: int = 2) -> list[Key]:
@@ -175,11 +234,20 @@ def _precision(dtype: str) -> int:
         ) from None
 
 
-def _size(shape: Sequence[int]) -> int:
-    size = math.prod(int(n) for n in shape)
-    if size >= 2**31:
+def _size(shape: Sequence[int]) -> Any:
+    """The number of entries of ``shape``: an int, or a scalar tensor where a dimension is
+    known only when the graph runs (a ``tf.function``'s batch dimension)."""
+    size = math.prod(_dimension(n) for n in shape)
+    if isinstance(size, int) and size >= 2**31:
         raise ValueError(f"one draw holds fewer than 2**31 numbers; {tuple(shape)} has {size}")
     return size
+
+
+def _dimension(n: Any) -> Any:
+    try:
+        return int(n)
+    except TypeError:  # a symbolic dimension: computed with when the graph runs
+        return n
 
 
 def _signed(word: int) -> int:

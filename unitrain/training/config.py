@@ -9,6 +9,7 @@ from typing import Any
 
 from unitrain._errors import ConfigError
 from unitrain.backends.precision import LossScaler, check_matmul_precision, check_precision
+from unitrain.ops.random import check_generator
 from unitrain.schedules import AbstractSchedule, Warmup
 from unitrain.training._preemption import DEFAULT_SIGNALS, check_signal_names
 
@@ -61,6 +62,11 @@ class TrainerConfig:
             (Lightning's names): float32 master weights and optimizer state, forward and
             backward in the low precision.
         loss_scaler: the dynamic loss-scaling rule of ``"16-mixed"``.
+        random: the generator of dropout masks (and of a layer's ``scope.random_key()``):
+            ``"portable"`` (:mod:`unitrain.ops.random`, the same masks on every backend, so
+            a model with dropout trains to the same numbers everywhere) or ``"native"`` (the
+            framework's own generator: faster, each backend's masks its own, the masks of
+            earlier versions).
         log_every_n_steps: how often running metrics are read back to the host.
         val_every_n_epochs: validate after every n-th epoch (and after the last).
         val_every_n_steps: validate after every n-th update instead of at epoch ends (and
@@ -110,9 +116,11 @@ class TrainerConfig:
     val_every_n_steps: int | None = None
     val_batches: int | None = None
     eval_batch_size: int | None = None
+    random: str = "portable"
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)
+        check_generator(self.random)
         object.__setattr__(self, "precision", check_precision(self.precision))
         if not isinstance(self.loss_scaler, LossScaler):
             raise ConfigError(

@@ -99,8 +99,7 @@ class Trainer(FitLoop):
         metrics: Iterable[Any] = (),
     ) -> None:
         self.config = config = config or TrainerConfig()
-        self.model = model
-        self.optimizer = optimizer or SGD()
+        self.model, self.optimizer = model, optimizer or SGD()
         self.schedule = schedule or Constant(0.01)
         if not isinstance(self.schedule, AbstractSchedule):
             raise ConfigError(
@@ -122,6 +121,7 @@ class Trainer(FitLoop):
                 matmul_precision=config.matmul_precision,
                 precision=config.precision,
                 loss_scaler=config.loss_scaler,
+                random=config.random,
             )
             self.backend = get_backend(backend)(model, options)
         self.strategy = strategy_for(self.backend, strategy)

@@ -167,6 +167,7 @@ class JaxBackend:
             branch=self.jax_device.platform == "cpu",
             compute_dtype=None if options.precision == "32" else compute_dtype(options.precision),
             scaler=options.loss_scaler if self._scaled else None,
+            random=options.random,
         )
         self._settings = self._put(settings(options.seed, options.grad_clip_norm))
         self.trace_counts = self._fn.trace_counts

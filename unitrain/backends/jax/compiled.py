@@ -23,7 +23,7 @@ import numpy as np
 from unitrain import losses, ops, optim
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.layers import layers_apply
-from unitrain.backends.jax.model import dropout_key, loss_function
+from unitrain.backends.jax.model import dropout_key, loss_function, portable_dropout_key
 from unitrain.backends.jax.optimizers import guarded_update, optimizer_for
 from unitrain.backends.jax.precision import (
     MATMUL_ALGORITHMS,
@@ -121,6 +121,7 @@ def build_functions(
     branch: bool = False,
     compute_dtype: str | None = None,
     scaler: LossScaler | None = None,
+    random: str = "portable",
 ) -> Functions:
     """Jit the pure functions for ``model``: a portable description or a native stateful apply.
 
@@ -135,9 +136,11 @@ def build_functions(
     unused); ``branch`` picks how a non-finite update is skipped (see
     :func:`~.optimizers.guarded_update`). ``compute_dtype`` (``"bfloat16"``, ``"float16"``)
     computes forward and backward in that dtype over float32 master weights, and ``scaler``
-    adds dynamic loss scaling (see :mod:`.precision`).
+    adds dynamic loss scaling (see :mod:`.precision`). ``random`` is the generator of a
+    portable model's dropout (``BackendOptions.random``); a native model gets a JAX key.
     """
-    apply = model if callable(model) else layers_apply(model)
+    apply = model if callable(model) else layers_apply(model, random)
+    pass_key = dropout_key if callable(model) or random == "native" else portable_dropout_key
     loss_fn, classification = loss_function(loss)
     optimizer_at = optimizer_for(optimizer_spec)
     counts: collections.Counter[str] = collections.Counter()
@@ -184,7 +187,7 @@ def build_functions(
         params: Any, model_state: Any, x: Any, y: Any, cfg: Settings, step: Any, micro: Any
     ) -> tuple[Any, Any]:
         """``(loss, new model state)``: the state is the auxiliary output of the gradient."""
-        key = dropout_key(cfg.seed, step, micro)
+        key = pass_key(cfg.seed, step, micro)
         if compute_dtype is None:
             outputs, new_state, terms = run_model(params, model_state, x, True, key)
             return batch_loss(outputs, y, terms), new_state

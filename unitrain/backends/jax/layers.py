@@ -34,7 +34,7 @@ __all__ = ["layers_apply"]
 StatefulApplyFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def layers_apply(model: AbstractLayer) -> StatefulApplyFn:
+def layers_apply(model: AbstractLayer, random: str = "native") -> StatefulApplyFn:
     """``apply(params, state, x, *, train, rng) -> (outputs, new_state)`` of ``model``.
 
     ``params`` and ``state`` are flat dicts under canonical names; ``rng`` is the pass's
@@ -42,7 +42,12 @@ def layers_apply(model: AbstractLayer) -> StatefulApplyFn:
     tensor: moved by the batch in train mode, unchanged in eval mode. A list passed as
     ``terms`` receives the loss terms the layers reported (``scope.add_loss``), traced.
 
-    Dropout masks: the ``k``-th draw of a pass, in the order the layers run, is
+    ``random="portable"`` (what the backend uses by default): ``rng`` is the portable key of
+    the pass (:func:`.model.portable_dropout_key`), from which each dropout site derives its
+    own key (see :mod:`unitrain.models`' scope): the masks of every other backend.
+
+    ``random="native"`` (this function's default, as its ``rng`` was always a JAX key):
+    ``rng`` is a JAX key and the ``k``-th draw of a pass, in the order the layers run, is
     ``jax.random.uniform(jax.random.fold_in(rng, k), shape, dtype)`` in the dropped value's
     dtype. ``k`` counts from 1, except in a bare :class:`~unitrain.models.MLP`, whose masks
     were always keyed by the hidden layer's index from 0: both kept, so seeded runs and
@@ -59,8 +64,9 @@ def layers_apply(model: AbstractLayer) -> StatefulApplyFn:
         rng: Any,
         terms: list[Any] | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        draw = None if rng is None else _uniform_stream(rng, first)
-        run = Pass(params, state, training=train, draw=draw)
+        portable = rng is not None and random == "portable"
+        draw = None if rng is None or portable else _uniform_stream(rng, first)
+        run = Pass(params, state, training=train, draw=draw, key=rng if portable else None)
         with ops.using(jax_ops):
             result = apply(model, x, run)
         if terms is not None:  # the loss terms the layers reported (scope.add_loss)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from unitrain import ConfigError, losses, ops
 from unitrain.backends.jax import ops as jax_ops
@@ -29,6 +30,7 @@ __all__ = [
     "StatefulApplyFn",
     "as_native_model",
     "dropout_key",
+    "portable_dropout_key",
     "flatten_params",
     "is_flat_dict",
     "is_portable",
@@ -156,6 +158,15 @@ def dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array
     """
     key = jax.random.fold_in(jax.random.key(seed[0]), seed[1])
     return jax.random.fold_in(jax.random.fold_in(key, step), micro_batch)
+
+
+def portable_dropout_key(seed: jax.Array, step: jax.Array, micro_batch: Any) -> jax.Array:
+    """The portable key of one forward pass (``ops.random.stream_key(seed, step,
+    micro_batch)``, an int32 pair), from the traced seed words (low, high), step and
+    micro-batch: the key numpy, torch and TensorFlow derive from the same numbers."""
+    words = jax.lax.bitcast_convert_type(jnp.stack([seed[1], seed[0]]), jnp.int32)
+    with ops.using(jax_ops):
+        return ops.random.stream_key(words, step, micro_batch)
 
 
 def loss_function(loss: Any) -> tuple[Callable[[jax.Array, jax.Array], jax.Array], bool]:

@@ -158,8 +158,10 @@ class NumpyBackend:
         after = None if low is None else functools.partial(round_between_layers, low)
         if train:  # the parameters become the leaves of the graph backward sweeps
             params = {name: Tracked(value) for name, value in params.items()}
-        draw = self._draw(*key) if train else None
-        run = Pass(params, self.model_state, training=train, draw=draw, after_layer=after)
+        draw, stream = self._random(*key) if train else (None, None)
+        run = Pass(
+            params, self.model_state, training=train, draw=draw, key=stream, after_layer=after
+        )
         out, state = self._apply(x, run)
         if after is not None:
             out = map_leaves(after, out)
@@ -188,6 +190,14 @@ class NumpyBackend:
     def _dropout_seed(self, step: int, micro_batch: int) -> list[int]:
         """What a pass's dropout masks are drawn from: ``(seed, step, micro_batch)``."""
         return [self.options.seed, step, micro_batch]
+
+    def _random(self, step: int, micro_batch: int) -> tuple[Draw | None, Any]:
+        """A train pass's ``(draw, key)``: the portable key ``ops.random.stream_key(
+        *_dropout_seed(...))`` (a host array: the reference's site keys and draws are
+        numpy's), or under ``random="native"`` the native :meth:`_draw`."""
+        if self.options.random == "native":
+            return self._draw(step, micro_batch), None
+        return None, ops.random.host_stream_key(*self._dropout_seed(step, micro_batch))
 
     def _draw(self, step: int, micro_batch: int) -> Draw:
         """The native uniform numbers: one generator seeded by :meth:`_dropout_seed`, drawn

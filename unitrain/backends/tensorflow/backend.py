@@ -148,7 +148,9 @@ class TensorFlowBackend(CompiledGraphs):
             if isinstance(model, AbstractLayer):
                 numpy_dtype = self.dtype.as_numpy_dtype
                 params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
-                self.module: Any = TFPortable(model, params, state, self.dtype, self._compute_dtype)
+                self.module: Any = TFPortable(
+                    model, params, state, self.dtype, self._compute_dtype, options.random
+                )
                 self.variables: dict[str, tf.Variable] = (
                     self.module.named_variables() | self.module.named_state()
                 )

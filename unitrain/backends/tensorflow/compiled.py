@@ -118,7 +118,9 @@ class CompiledGraphs:
     ) -> Any:
         key = None
         if self._dropout:
-            key = tf_model.dropout_key(self.options.seed, self.key_step.read_value(), micro_batch)
+            key = tf_model.dropout_key(
+                self.options.seed, self.key_step.read_value(), micro_batch, self.options.random
+            )
         params = list(self.params.values())
         with tf.GradientTape() as tape:
             _, loss = self._model_loss(x, y, True, key, global_size)

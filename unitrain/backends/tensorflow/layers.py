@@ -37,6 +37,10 @@ class TFPortable(tf.Module):
         dtype: the variables' dtype.
         compute_dtype: under mixed precision, the dtype the parameters are read in (the caller
             casts the inputs); None computes in ``dtype``.
+        random: the generator of the dropout masks (``BackendOptions.random``): under
+            ``"portable"`` a call's ``key`` is the pass's portable key and each dropout site
+            derives its own from it (the masks of every other backend); under ``"native"``
+            it is a stateless-RNG key and the masks are TensorFlow's Philox draws.
 
     Examples:
         >>> import tensorflow as tf
@@ -56,9 +60,10 @@ class TFPortable(tf.Module):
         state: dict[str, Any],
         dtype: tf.DType,
         compute_dtype: tf.DType | None = None,
+        random: str = "native",
     ) -> None:
         super().__init__(name="portable")
-        self.spec, self.compute_dtype = spec, compute_dtype
+        self.spec, self.compute_dtype, self.random = spec, compute_dtype, random
         self.params = {k: tf.Variable(v, dtype=dtype, name=k) for k, v in params.items()}
         self.state = {
             k: tf.Variable(v, dtype=dtype, trainable=False, name=k) for k, v in state.items()
@@ -86,8 +91,9 @@ class TFPortable(tf.Module):
             # back in float32 through the cast. The state stays float32 (the core's norm
             # layers take their statistics in float32).
             params = {k: tf.cast(v, self.compute_dtype) for k, v in params.items()}
-        draw = None if key is None else _stateless_draw(key, self._first_mask)
-        run = Pass(params, self.state, training=training, draw=draw)
+        portable = key is not None and self.random == "portable"
+        draw = None if key is None or portable else _stateless_draw(key, self._first_mask)
+        run = Pass(params, self.state, training=training, draw=draw, key=key if portable else None)
         with ops.using(tensorflow_ops):
             out, _ = apply(self.spec, x, run)
         for name, value in run.new_state.items():  # gradient-stopped by Scope.set_state

@@ -55,12 +55,20 @@ class TFMLP(TFPortable):
         super().__init__(spec, params, {}, dtype)
 
 
-def dropout_key(seed: int, step: tf.Tensor, micro_batch: tf.Tensor) -> tf.Tensor:
-    """A stateless-RNG key (shape ``[2]``, int64) that is a pure function of its arguments.
+def dropout_key(
+    seed: int, step: tf.Tensor, micro_batch: tf.Tensor, random: str = "native"
+) -> tf.Tensor:
+    """A pass's dropout key, a pure function of its arguments: under ``random="native"`` a
+    stateless-RNG key (shape ``[2]``, int64), under ``"portable"`` the portable key
+    ``ops.random.stream_key(seed, step, micro_batch)`` (an int32 pair, the key every other
+    backend derives from the same numbers).
 
     ``step`` and ``micro_batch`` are tensors, so a new step or micro-batch changes the key
     without retracing the compiled function that draws the masks.
     """
+    if random == "portable":
+        with ops.using(tf_ops):
+            return ops.random.stream_key(seed, step, micro_batch)
     key = tf.constant([0, seed], tf.int64)
     key = tf.random.experimental.stateless_fold_in(key, step, alg=_RNG_ALGORITHM)
     return tf.random.experimental.stateless_fold_in(key, micro_batch, alg=_RNG_ALGORITHM)

@@ -52,6 +52,7 @@ from unitrain.backends.torch.precision import (
 )
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import AbstractLayer, InputCheck
+from unitrain.ops.random import host_stream_key
 from unitrain.structure import first_leaf, is_structured, map_leaves, num_examples
 
 __all__ = ["TorchBackend", "reads_flag_on_host"]
@@ -219,8 +220,12 @@ class TorchBackend(UpdateLoops):
         if generator is not None:
             step, micro_batch = key
             micro = dropout_index(micro_batch, *self._worker)
-            seed = hash((self.options.seed, step, micro)) & (2**63 - 1)
-            generator.manual_seed(seed)
+            if self.options.random == "portable":  # the key on the host, the draws on device
+                module: Any = self.module  # a PortableModule: it has a generator
+                module.stream_key = host_stream_key(self.options.seed, step, micro)
+            else:
+                seed = hash((self.options.seed, step, micro)) & (2**63 - 1)
+                generator.manual_seed(seed)
         with self._mixed.autocast():
             out = self._forward_module(x)
             self._loss = self._compute_loss(out, y)

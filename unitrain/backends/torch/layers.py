@@ -47,9 +47,12 @@ class PortableModule(nn.Module):
     Attributes:
         spec: the model description each forward runs (read per call, so it may be replaced
             by one with the same parameters).
-        generator: the generator dropout draws its masks from, for the caller to seed before
-            each train-mode forward (the backend seeds it from ``(seed, step, micro_batch)``);
-            None when no layer drops values.
+        generator: the generator dropout draws its masks from under ``random="native"``,
+            for the caller to seed before each train-mode forward (the backend seeds it from
+            ``(seed, step, micro_batch)``); None when no layer drops values.
+        stream_key: the next train-mode forward's portable key (a host int32 array from
+            ``ops.random.stream_key(seed, step, micro_batch)``), which the caller sets before
+            each forward; while it is set, dropout draws from it instead of ``generator``.
 
     Examples:
         >>> import torch
@@ -97,6 +100,7 @@ class PortableModule(nn.Module):
         self._state_at = tuple(state_at)
         self._state_in = {name: (owner, local) for name, owner, local in state_at}
         self.generator: torch.Generator | None = torch.Generator(device) if spec.drops_out else None
+        self.stream_key: np.ndarray | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``spec``'s output for ``x``; in train mode, the moved state becomes the buffers.
@@ -113,14 +117,15 @@ class PortableModule(nn.Module):
         generator = self.generator
         device = first_leaf(x).device  # several inputs: the first one's (all are there)
         draw = None
-        if training and generator is not None:
+        stream = self.stream_key if training else None
+        if stream is None and training and generator is not None:
 
             def draw(shape: Any, dtype: str) -> torch.Tensor:
                 # float32 whatever the model's dtype, as the masks always were drawn, so
                 # seeded runs keep their masks.
                 return torch.rand(shape, generator=generator, device=device)
 
-        run = Pass(params, state, training=training, draw=draw)
+        run = Pass(params, state, training=training, draw=draw, key=stream)
         # ops.enter/leave, not ops.using(): a generator-based context manager costs a few
         # microseconds per forward that a small model's step notices. Arrays the
         # layers make from nothing (masks, constants) go to the input's device.

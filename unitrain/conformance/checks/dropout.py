@@ -19,6 +19,11 @@ Masks are keyed by ``(seed, step, micro_batch)``: the numbers the caller passes,
 backend's own count (from the loaded optimizer step). ``keyed_by_the_callers_numbers`` checks
 that the numbers passed win, which is what keeps a resumed run's masks and needs no counter
 in the backend.
+
+Under the default ``BackendOptions.random="portable"`` every backend draws its masks from
+:mod:`unitrain.ops.random` (the pass's key ``stream_key(seed, step, micro_batch)``, one key
+per dropout site), so ``portable_masks`` holds them to the float64 reference's masks bit for
+bit, in every dtype: the decision compares integer bits, never a rounded uniform number.
 """
 
 from __future__ import annotations
@@ -48,9 +53,9 @@ def _model(dropout: float) -> MLP:
 class _Probe:
     """A backend under the probe's state, and the reference's activations at that state."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, backend: Any = None) -> None:
         self.ctx = ctx
-        self.backend = ctx.make(_model(RATE), loss="mse", optimizer=optim.SGD())
+        self.backend = backend or ctx.make(_model(RATE), loss="mse", optimizer=optim.SGD())
         start = self.backend.state_dict()
         for name in ("model.layers.1.weight", "model.layers.1.bias"):
             start[name] = np.zeros_like(start[name])
@@ -217,3 +222,44 @@ def keyed_by_the_callers_numbers(ctx: Context) -> None:
         "forwards given micro_batch=0 and micro_batch=1 of update 3 did not draw the masks of "
         "that update's two micro-batches: key dropout by the micro_batch the caller passes",
     )
+
+
+#: ``(step, micro_batch)`` of the masks ``portable_masks`` compares: consecutive updates, a
+#: second micro-batch, and a step past 2**16 (every bit of the numbers counts).
+_NUMBERED = ((0, 0), (1, 0), (1, 1), (6, 3), (70_001, 2))
+
+
+@check(
+    "dropout",
+    "portable_masks",
+    guards="dropout masks that differ from the portable generator's (a native generator by "
+    "default, a key folded from other numbers, a mask decided on a rounded uniform draw)",
+)
+def portable_masks(ctx: Context) -> None:
+    """Dropout masks are the float64 reference's, bit for bit, under random="portable".
+
+    The default generator: for the same ``(seed, step, micro_batch)`` every backend drops
+    the same units, whatever its dtype."""
+    probe = _Probe(ctx)
+    calls = NumberedCalls(probe.backend)
+    if calls.old_form:
+        ctx.skip(
+            "forward() takes no step and micro_batch (the old form, driven without them until "
+            "unitrain 0.4): its masks cannot be asked for by their numbers"
+        )
+    reference = ctx.reference(_model(RATE), loss="mse", optimizer=optim.SGD())
+    oracle = _Probe(ctx, reference)
+    oracle.start = upcast(probe.start)
+    oracle.batch = (np.asarray(probe.batch[0], np.float64), np.asarray(probe.batch[1], np.float64))
+    for step, micro_batch in _NUMBERED:
+        mask = probe.numbered(calls, step, micro_batch) != 0.0
+        expected = oracle.numbered(NumberedCalls(reference), step, micro_batch) != 0.0
+        ctx.require(
+            bool(np.array_equal(mask, expected)),
+            f"forward(step={step}, micro_batch={micro_batch}) dropped units "
+            f"{np.flatnonzero(~mask).tolist()}, the reference "
+            f"{np.flatnonzero(~expected).tolist()}: under random='portable' a backend draws "
+            "each dropout site's mask as ops.random.bernoulli(site key, 1 - p, shape), the site "
+            "key folded from ops.random.stream_key(seed, step, micro_batch) (see "
+            "unitrain.models' Scope)",
+        )

@@ -10,8 +10,11 @@ stage, as two launches take a minute or more on a busy 2-core CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,7 @@ def test_an_engine_that_cannot_shard_refuses_as_such(monkeypatch):
     """The kit skips what ShardingUnsupported refuses and launches where ConfigError does."""
     for engine in ("no_sharded_engine", "tensorflow"):
         assert isinstance(_refusal(engine, monkeypatch), ShardingUnsupported)
-    for setup in ("not_launched", "other_worker_count"):  # the engine exists
+    for setup in ("not_launched", "other_worker_count", "jax_launched"):  # the engine exists
         assert not isinstance(_refusal(setup, monkeypatch), ShardingUnsupported)
 
 
@@ -65,6 +68,9 @@ def _refusal(name: str, monkeypatch: pytest.MonkeyPatch) -> ConfigError:
     numpy = NumpyBackend(MLP(_MODEL), BackendOptions(dtype="float64"))
     framework = {"tensorflow": "tensorflow", "not_launched": "torch"}.get(name, "numpy")
     framework = "torch" if name == "other_worker_count" else framework
+    framework = "jax" if name == "jax_launched" else framework
+    if name == "jax_launched":
+        monkeypatch.setenv("UNITRAIN_JAX_COORDINATOR", "127.0.0.1:1")
     pytest.importorskip(framework)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -76,6 +82,7 @@ def _refusal(name: str, monkeypatch: pytest.MonkeyPatch) -> ConfigError:
         "tensorflow": lambda: get_backend("tensorflow").sharded_strategy(2),
         "not_launched": lambda: get_backend("torch").sharded_strategy(2),
         "other_worker_count": lambda: get_backend("torch").sharded_strategy(3),
+        "jax_launched": lambda: get_backend("jax").sharded_strategy(2),
         "shard_without_workers": lambda: train(_parser().parse_args(_SHARD_ONE_WORKER)),
     }
     with pytest.raises(ConfigError) as refused:
@@ -92,6 +99,7 @@ def _refusal(name: str, monkeypatch: pytest.MonkeyPatch) -> ConfigError:
         "not_launched",
         "other_worker_count",
         "shard_without_workers",
+        "jax_launched",
     ],
 )
 def test_documented_error(name, monkeypatch):
@@ -191,13 +199,45 @@ def _with_tests_on_path(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", path)
 
 
-@pytest.mark.harness  # two launches of two torch workers: about a minute on a 2-core CPU
-def test_the_kit_s_sharded_family_passes_torch():
-    pytest.importorskip("torch")
-    results = check_backend("torch", device="cpu", dtypes=["float32", "float64"], keyword="sharded")
+@pytest.mark.harness  # two launches of two workers (torch), one process (jax): minutes
+@pytest.mark.parametrize(
+    ("framework", "dtypes"), [("torch", ("float32", "float64")), ("jax", ("float32",))]
+)
+def test_the_kit_s_sharded_family_passes(framework, dtypes):
+    pytest.importorskip(framework)
+    results = check_backend(framework, device="cpu", dtypes=list(dtypes), keyword="sharded")
     assert {(r.check, r.dtype, r.status) for r in results} == {
-        ("sharded_workers_match_one_worker", dtype, "passed") for dtype in ("float32", "float64")
+        ("sharded_workers_match_one_worker", dtype, "passed") for dtype in dtypes
     }, [r.reason for r in results]
+
+
+@pytest.mark.harness  # a fresh JAX process with two CPU devices, two runs: 20-30 s
+def test_jax_sharded_over_two_local_devices_equals_one_device(tmp_path):
+    pytest.importorskip("jax")
+    from unitrain.backends.jax.distributed import local_devices_environment
+
+    script = Path(__file__).parent / "_sharded_jax_run.py"
+    env = {**os.environ, **local_devices_environment(2), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # Every parameter whose first axis divides by 2 is split in halves, the others replicated.
+    for shape, shards in zip(report["shapes"], report["shards"]):
+        half = [shape[0] // 2, *shape[1:]] if shape[0] % 2 == 0 else shape
+        assert shards == [half, half]
+    assert report["model"] <= 1e-6  # float32: the order of sums differs, ~1 ulp an update
+    assert report["optimizer"] <= 1e-5  # momentum buffers: smaller values, same ulps
+    assert report["resumed_on_one"] <= 1e-6
+    assert report["epochs"][0] == report["epochs"][1]  # the same early-stopping epoch
+    assert report["lrs"][0] == report["lrs"][1]
+    assert report["checkpoints"] == report["epochs"][0]
 
 
 @pytest.mark.harness  # one launch of two torch workers

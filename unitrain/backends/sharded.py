@@ -12,7 +12,8 @@ the same updates.
 ``Trainer(strategy=Sharded())`` (or ``unitrain train --workers N --shard``, which sets
 :data:`SHARD_ENV` for the workers it starts) asks the backend for its engine's sharded
 strategy (:class:`ShardedParallel`): torch's FSDP2 (``fully_shard``) over the workers
-torchrun started. A backend that cannot shard says why (:func:`sharded_strategy_for`;
+torchrun started; JAX's ``NamedSharding`` over one process's local devices. A backend that
+cannot shard says why (:func:`sharded_strategy_for`;
 TensorFlow's own reason in its backend).
 
 Checkpoints keep the one-directory format: the backend's ``state_dict()`` gathers the full
@@ -100,8 +101,8 @@ def sharded_strategy_for(backend: Any, request: Sharded) -> Any:
     if not isinstance(backend, ShardedParallel):
         name = getattr(backend, "name", type(backend).__name__)
         raise ShardingUnsupported(
-            f"the {name} backend cannot shard a model over workers; use the torch backend "
-            "for Sharded(), or train data-parallel (every worker holds the whole model) with "
-            "strategy=None under a launcher"
+            f"the {name} backend cannot shard a model over workers; use the torch or jax "
+            "backend for Sharded(), or train data-parallel (every worker holds the whole "
+            "model) with strategy=None under a launcher"
         )
     return backend.sharded_strategy(request.workers)

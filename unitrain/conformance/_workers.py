@@ -9,10 +9,10 @@ Run as a program (``python -m unitrain.conformance._workers TARGET
 DTYPE[,DTYPE...] OUT``, one ``OUT/DTYPE`` each) under a backend's launcher, every worker
 executes it and the Trainer takes its place from the launcher's environment; in process,
 ``strategy`` says how many workers to simulate. With ``--local-devices=N`` first, one
-process runs ``a`` and ``b`` on the backend's ``local_devices_strategy(N)``, made before
-anything else (the caller sets ``local_devices_environment(N)``), with batches of
-:data:`LOCAL_BATCH`; run ``c`` is left out, as such a strategy may draw one worker's masks
-or N workers'.
+process runs ``a`` and ``b`` on the backend's ``local_devices_strategy(N)`` (with ``--shard``
+next, its ``sharded_strategy(N)``), made before anything else (the caller sets
+``local_devices_environment(N)``), with batches of :data:`LOCAL_BATCH`; run ``c`` is left
+out, as such a strategy may draw one worker's masks or N workers'.
 
 Every worker records that it finished (``OUT/DTYPE/finished/rank-R``) and, when it fails, its
 traceback (``OUT/errors/PID.txt``): a launcher that exits 0 although a worker died, or that
@@ -203,9 +203,12 @@ def _experiments(arguments: list[str]) -> None:
         from unitrain.backends.strategy import LocalDeviceParallel
 
         devices = int(arguments.pop(0).partition("=")[2])
+        shard = arguments[0] == "--shard"  # the kit's sharded family: the state split too
+        arguments = arguments[1:] if shard else arguments
         factory = get_backend(arguments[0])
         assert isinstance(factory, LocalDeviceParallel), factory  # the kit checked it
-        local = factory.local_devices_strategy(devices)  # before anything else
+        maker = getattr(factory, "sharded_strategy" if shard else "local_devices_strategy")
+        local = maker(devices)  # before anything else
     # One launch runs every dtype asked for (comma-separated): starting workers costs seconds.
     target, dtype_names, output = arguments
     for dtype_name in dtype_names.split(","):

@@ -141,6 +141,7 @@ class JaxBackend:
         )
         self._scaled = options.precision == "16-mixed"
         self._placement: Any = self.jax_device  # a replicated sharding over LocalDevices
+        self._state_placement: Any = None  # LocalSharded's, in shard_state
         self._batch_sharding: Any = None
         self.portable = is_portable(model)
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
@@ -248,6 +249,22 @@ class JaxBackend:
         self._batch_sharding = NamedSharding(mesh, PartitionSpec("batch"))
         self._state, self._settings = self._put((self._state, self._settings))
         self._lr = ResidentScalar(self._put)
+
+    def shard_state(self, placement: Any) -> None:
+        """Place every array of the state as ``placement(leaf, mesh)`` says over the mesh of
+        :meth:`spread_over` (see :mod:`.sharding`); kept after a load too."""
+        mesh = self._placement.mesh
+        self._state_placement = lambda state: jax.device_put(
+            state, jax.tree.map(lambda leaf: placement(leaf, mesh), state)
+        )
+        self._state = self._state_placement(self._state)
+
+    @staticmethod
+    def sharded_strategy(workers: int | None) -> Any:
+        """The state sharded over this process's local devices (see :mod:`.sharding`)."""
+        from unitrain.backends.jax.sharding import LocalSharded
+
+        return LocalSharded.for_request(workers)
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -441,6 +458,8 @@ class JaxBackend:
         self._state = self._layout.device_state(
             state, self._state, self.options.optimizer, self._fn.init_opt_state, self._put
         )
+        if self._state_placement is not None:  # sharded again, as before the load
+            self._state = self._state_placement(self._state)
         self._numbers.loaded(int(state["optimizer.step"]))
 
     def rng_state(self) -> dict[str, Any]:

@@ -306,7 +306,7 @@ class TensorFlowBackend(CompiledGraphs):
             "over workers: tf.distribute's Mirrored and MultiWorkerMirrored strategies keep a "
             "whole copy of every variable on each worker, and tf.experimental.dtensor is still "
             "experimental; train data-parallel (strategy=None under `unitrain train --workers "
-            "N`), or shard on the torch backend"
+            "N`), or shard on the torch or jax backend"
         )
 
     # One process over several local devices (unitrain.backends.strategy.LocalDeviceParallel).

@@ -141,7 +141,7 @@ def launched(  # also the sharded family's
                 "a worker waiting for another that died or never started (a collective, a "
                 "rendezvous)",
             )
-        expected = 1 if kind == "local" else WORKERS  # the others: one process a worker
+        expected = 1 if kind.startswith("local") else WORKERS  # else one process a worker
         failures = _unfinished(out, dtypes.split(","), expected)
         if done.returncode != 0:
             ctx.require(False, _launch_failure(label, done, failures, out), _WORKER_FAILED)

@@ -24,11 +24,13 @@ first comparison by orders of magnitude.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from unitrain import ConfigError
 from unitrain.backends.sharded import SHARD_ENV, ShardedParallel, ShardingUnsupported
+from unitrain.backends.strategy import LocalDeviceParallel
 from unitrain.checkpoint import list_checkpoints, load_checkpoint
 from unitrain.conformance import _workers
 from unitrain.conformance._context import Context
@@ -37,8 +39,9 @@ from unitrain.conformance.checks.data_parallel import WORKERS, against_one, laun
 from unitrain.models import MLP
 
 
-def _run_sharded(ctx: Context) -> Path:
-    """The experiment on two launched sharded workers; its directory for this dtype."""
+def _run_sharded(ctx: Context) -> tuple[Path, bool]:
+    """The experiment on two launched sharded workers, or in one process sharded over two
+    local devices; its directory for this dtype, and whether it was the one process."""
     if ctx.device != "cpu":
         ctx.skip("the kit launches sharded workers on the CPU only")
     factory = ctx.backend.factory
@@ -50,11 +53,17 @@ def _run_sharded(ctx: Context) -> Path:
         ctx.skip(str(refusal))
     except ConfigError:
         pass  # this process was not launched: the workers below are
+    if isinstance(factory, LocalDeviceParallel):  # sharded over one process's devices
+        environment = factory.local_devices_environment(WORKERS)
+        arguments = [f"--local-devices={WORKERS}", "--shard"]
+        label = f"one process sharded over {WORKERS} local devices"
+        prefix = [sys.executable]
+        return launched(ctx, "local-sharded", prefix, arguments, environment, label), True
     launcher: Any = getattr(factory, "launch_command", None)
     if launcher is None:
         ctx.skip("the backend offers no launch_command(workers) to start sharded workers")
     label = f"{WORKERS} sharded workers"
-    return launched(ctx, "sharded", [*launcher(WORKERS)], [], {SHARD_ENV: "1"}, label)
+    return launched(ctx, "sharded", [*launcher(WORKERS)], [], {SHARD_ENV: "1"}, label), False
 
 
 @check(
@@ -67,33 +76,33 @@ def _run_sharded(ctx: Context) -> Path:
 )
 def sharded_workers_match_one_worker(ctx: Context) -> None:
     """2 sharded workers equal 1 worker; resume on 2 and on 1; the reference loads it."""
-    sharded, single = _run_sharded(ctx), ctx.path("single")
-    _workers.experiment(ctx.backend.factory, ctx.dtype, single, strategy=1)
-    spread = f"{WORKERS} sharded workers"
-    outcome, reference, _ = against_one(
-        ctx, sharded, single, spread, "1 worker with the global batch"
-    )
-    ctx.require_equal("workers that took part", outcome["world_size"], WORKERS)
+    sharded, local = _run_sharded(ctx)
+    factory, single = ctx.backend.factory, ctx.path("single")
+    _workers.experiment(factory, ctx.dtype, single, strategy=1, local_devices=local)
+    spread = f"{WORKERS} sharded {'devices' if local else 'workers'}"
+    outcome, reference, _ = against_one(ctx, sharded, single, spread, "1 with the global batch")
+    ctx.require_equal("workers that took part", outcome["world_size"], 1 if local else WORKERS)
 
     checkpoint = _workers.resume_point(sharded / "a")
-    one = _workers.train(ctx.backend.factory, ctx.dtype, ctx.path("one"), 1, resume=checkpoint)
+    batch = _workers.LOCAL_BATCH if local else _workers.BATCH
+    one = _workers.train(factory, ctx.dtype, ctx.path("one"), 1, resume=checkpoint, batch=batch)
     ctx.compare(
-        f"{spread}' checkpoint resumed on 1 unsharded worker vs 1 worker throughout",
+        f"{spread}' checkpoint resumed unsharded vs 1 throughout",
         one.backend.state_dict(),
         reference,
         "step",
     )
-
-    state, _ = _workers.read_result(sharded / "c")
-    oracle = _workers.train(
-        ctx.backend.factory, ctx.dtype, ctx.path("simulated"), WORKERS, dropout=_workers.DROPOUT
-    )
-    ctx.compare(
-        f"final state with dropout {_workers.DROPOUT}, {spread} vs 2 simulated workers",
-        state,
-        oracle.backend.state_dict(),
-        "step",
-    )
+    if not local:  # one process over devices may draw one worker's masks (see _workers)
+        state, _ = _workers.read_result(sharded / "c")
+        oracle = _workers.train(
+            factory, ctx.dtype, ctx.path("simulated"), WORKERS, dropout=_workers.DROPOUT
+        )
+        ctx.compare(
+            f"final state with dropout {_workers.DROPOUT}, {spread} vs 2 simulated workers",
+            state,
+            oracle.backend.state_dict(),
+            "step",
+        )
     _hand_off_to_reference(ctx, sharded / "a", one.backend)
 
 

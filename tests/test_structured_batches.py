@@ -293,3 +293,32 @@ def test_every_backend_trains_two_inputs_and_two_outputs_like_the_reference(back
     got = _fit(backend, 1, penalty=0.05, weights=True, dtype="float32")
     # float32 against the float64 reference over 4 updates: rounding of ~1e-7 per value.
     assert _largest_difference(got, reference) < 2e-5
+
+
+@pytest.mark.harness
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_prefetching_loop_passes_structured_batches_on_to_the_backend(backend):
+    # Device prefetch copies plain (x, y) pairs ahead; a structured batch goes on unchanged
+    # and the backend converts it leaf by leaf (run here on the CPU device, as on a GPU).
+    pytest.importorskip(backend)
+    inputs, targets, weight = _data(4)
+    plain = (inputs["x"].astype(np.float32), targets["label"])
+    if backend == "jax":
+        import jax
+
+        from unitrain.backends.jax import prefetch
+
+        staged = list(
+            prefetch._ahead(
+                iter([(inputs, targets, weight), plain]), jax.devices("cpu")[0], False, True
+            )
+        )
+    else:
+        from unitrain.backends.tensorflow import prefetch
+
+        staged = list(
+            prefetch._ahead(iter([(inputs, targets, weight), plain]), "/CPU:0", np.float32, True)
+        )
+    assert staged[0][0] is inputs and staged[0][2] is weight
+    assert not isinstance(staged[1][0], np.ndarray)  # the plain batch was put on the device
+    assert np.array_equal(np.asarray(staged[1][1]), targets["label"])

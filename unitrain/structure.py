@@ -11,7 +11,7 @@ array or any framework's tensor (``len`` and slicing are all they use of it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from unitrain._errors import DataError
@@ -23,14 +23,20 @@ __all__ = [
     "leaves",
     "map_leaves",
     "num_examples",
+    "STRUCTURES",
     "slice_rows",
     "split_batch",
 ]
 
 
+#: What holds several arrays. A check of these two builtins costs tens of nanoseconds, where one
+#: against the ``Mapping`` ABC costs a microsecond: the plain path tests every batch.
+STRUCTURES = (tuple, dict)
+
+
 def is_structured(tree: Any) -> bool:
     """Whether ``tree`` is a tuple or dict (of arrays) rather than one array."""
-    return isinstance(tree, (tuple, Mapping))
+    return isinstance(tree, STRUCTURES)
 
 
 def leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -40,7 +46,7 @@ def leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         >>> [path for path, _ in leaves({"b": 1, "a": (2, 3)})]
         ["['a'][0]", "['a'][1]", "['b']"]
     """
-    if isinstance(tree, Mapping):
+    if isinstance(tree, dict):
         for key in sorted(tree):
             yield from leaves(tree[key], f"{path}[{key!r}]")
     elif isinstance(tree, tuple):
@@ -52,7 +58,7 @@ def leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 def map_leaves(function: Callable[[Any], Any], tree: Any) -> Any:
     """``tree`` with ``function`` applied to every leaf; dicts stay dicts, tuples tuples."""
-    if isinstance(tree, Mapping):
+    if isinstance(tree, dict):
         return {key: map_leaves(function, value) for key, value in tree.items()}
     if isinstance(tree, tuple):
         return tuple(map_leaves(function, item) for item in tree)
@@ -65,6 +71,8 @@ def first_leaf(tree: Any) -> Any:
     Raises:
         DataError: ``tree`` holds no array.
     """
+    if not isinstance(tree, STRUCTURES):
+        return tree
     for _, leaf in leaves(tree):
         return leaf
     raise DataError(f"an empty structure {tree!r} holds no array; give it at least one")
@@ -73,7 +81,7 @@ def first_leaf(tree: Any) -> Any:
 def num_examples(batch: Any) -> int:
     """The number of examples of a batch: the length of its inputs' first leaf."""
     inputs = batch[0]
-    return len(first_leaf(inputs) if is_structured(inputs) else inputs)
+    return len(first_leaf(inputs) if isinstance(inputs, STRUCTURES) else inputs)
 
 
 def batch_weight(batch: Any) -> float:

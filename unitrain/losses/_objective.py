@@ -12,7 +12,7 @@ plain ``(x, y)`` path.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -26,30 +26,20 @@ from unitrain.structure import is_structured, map_leaves
 __all__ = ["BatchView", "Fields", "Objective", "batch_loss"]
 
 
-class Fields(Mapping[str, Any]):
+class Fields(dict[str, Any]):
     """A dict of a batch's arrays (inputs, targets or outputs) whose missing key is a clear
     :class:`~unitrain.DataError` naming the keys there are, instead of a bare ``KeyError``."""
 
-    __slots__ = ("_items", "_what")
-
     def __init__(self, items: Mapping[str, Any], what: str) -> None:
-        self._items, self._what = items, what
+        super().__init__(items)
+        self.what = what
 
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return self._items[key]
-        except KeyError:
-            raise DataError(
-                f"the objective reads {self._what}[{key!r}], but {self._what} has only the "
-                f"keys {sorted(self._items)}; add {key!r} to the data (or the model's "
-                "outputs) or read one of those"
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
+    def __missing__(self, key: str) -> Any:
+        raise DataError(
+            f"the objective reads {self.what}[{key!r}], but {self.what} has only the keys "
+            f"{sorted(self)}; add {key!r} to the data (or the model's outputs) or read one of "
+            "those"
+        )
 
 
 class BatchView(NamedTuple):
@@ -64,7 +54,7 @@ class BatchView(NamedTuple):
 
 
 def _view(tree: Any, what: str) -> Any:
-    return Fields(tree, what) if isinstance(tree, Mapping) else tree
+    return Fields(tree, what) if isinstance(tree, dict) else tree
 
 
 class Objective(AbstractLoss):

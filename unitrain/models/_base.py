@@ -215,7 +215,7 @@ class AbstractLayer(abc.ABC):
         Raises:
             DataError: the batch does not fit the model.
         """
-        if isinstance(inputs, (tuple, Mapping)):  # several inputs: one shape each
+        if isinstance(inputs, (tuple, dict)):  # several inputs: one shape each
             self.output_shape(_example_shapes(inputs))
             return
         shape = getattr(inputs, "shape", None)
@@ -274,7 +274,7 @@ class InputCheck:
 
     def __call__(self, inputs: Any) -> None:
         """Raise DataError unless ``inputs`` (a batch) fits the model."""
-        if isinstance(inputs, (tuple, Mapping)):
+        if isinstance(inputs, (tuple, dict)):
             shapes = _example_shapes(inputs)
             if shapes != self._checked:
                 self.model.check_input(inputs)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from unitrain.backends.common import one_ahead
+from unitrain.structure import is_structured
 
 __all__ = ["prefetch"]
 
@@ -46,7 +47,9 @@ def _ahead(
 ) -> Iterator[Any]:
     side = torch.cuda.Stream(device)
 
-    def stage(batch: Any) -> tuple[Any, Any, torch.cuda.Event]:
+    def stage(batch: Any) -> tuple[Any, Any, torch.cuda.Event | None]:
+        if len(batch) != 2 or is_structured(batch[0]) or is_structured(batch[1]):
+            return batch, None, None  # a structured batch: converted leaf by leaf when used
         x, y = batch
         with torch.cuda.stream(side):
             x = _copy(x, device, dtype)
@@ -56,6 +59,9 @@ def _ahead(
         return x, y, ready
 
     for x, y, ready in one_ahead(batches, stage):  # the next copy overlaps this step
+        if ready is None:
+            yield x
+            continue
         compute = torch.cuda.current_stream(device)
         compute.wait_event(ready)
         for tensor in (x, y):

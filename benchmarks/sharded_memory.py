@@ -1,0 +1,77 @@
+"""Per-worker memory of sharded training against data-parallel (docs/scaling-out.md).
+
+One update of an 83.5M-parameter Transformer language model (vocabulary 8192, width 768, 10
+causal blocks of 12 heads, sequences of 32) with Adam in float32 on torch, then one JSON line
+per worker: the bytes this worker holds of the parameters, the gradients and the optimizer
+state (a sharded tensor's local shard), their sum, and the process's peak resident memory.
+
+    python benchmarks/sharded_memory.py                                   # one worker
+    UNITRAIN_SHARD=1 python -m torch.distributed.run --standalone \\
+        --nproc_per_node=4 benchmarks/sharded_memory.py                   # 4 sharded workers
+    UNITRAIN_SHARD=0 python -m torch.distributed.run --standalone \\
+        --nproc_per_node=4 benchmarks/sharded_memory.py                   # 4 DDP workers
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from typing import Any
+
+import numpy as np
+
+from unitrain import optim
+from unitrain.backends.protocol import BackendOptions
+from unitrain.backends.strategy import strategy_for
+from unitrain.backends.torch import TorchBackend
+from unitrain.models import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    PositionalEmbedding,
+    Sequential,
+    TransformerBlock,
+)
+
+VOCAB, DIM, LAYERS, HEADS, LENGTH, BATCH = 8192, 768, 10, 12, 32, 4
+
+
+def local_bytes(tensor: Any) -> int:
+    """The bytes this worker holds of ``tensor`` (its shard, for a sharded one)."""
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.numel() * tensor.element_size()
+
+
+def main() -> None:
+    """Build, shard or replicate (as the launcher asked), update once, and report."""
+    blocks = tuple(TransformerBlock(DIM, HEADS, causal=True) for _ in range(LAYERS))
+    head = (LayerNorm(DIM), Linear(DIM, VOCAB))
+    model = Sequential((Embedding(VOCAB, DIM), PositionalEmbedding(LENGTH, DIM), *blocks, *head))
+    backend = TorchBackend(model, BackendOptions(optimizer=optim.Adam()))
+    strategy = strategy_for(backend, None)  # torchrun's workers; sharded with UNITRAIN_SHARD=1
+    generator = np.random.default_rng(0)
+    batch = tuple(generator.integers(0, VOCAB, (BATCH, LENGTH)) for _ in range(2))
+    for shard, weight in strategy.shards(batch):
+        backend.forward(shard)
+        backend.backward(weight)
+    params = sum(local_bytes(p) for p in backend.params.values())
+    grads = sum(local_bytes(p.grad) for p in backend.params.values() if p.grad is not None)
+    backend.step(1e-3)
+    slots = sum(local_bytes(t) for t in backend.optimizer.slots().values() if t is not None)
+    mib = 2**20
+    report = {
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        "rank": strategy.rank,
+        "parameters": sum(p.numel() for p in backend.params.values()),
+        "param_mib": params / mib,
+        "grad_mib": grads / mib,
+        "optimizer_mib": slots / mib,
+        "state_mib": (params + grads + slots) / mib,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

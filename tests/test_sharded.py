@@ -10,6 +10,7 @@ stage, as two launches take a minute or more on a busy 2-core CPU.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -255,3 +256,22 @@ def test_the_kit_skips_sharding_where_the_engine_has_none():
     [result] = check_backend("tensorflow", device="cpu", dtypes=["float32"], keyword="sharded")
     assert result.status == "skipped"
     assert "whole copy of every variable" in result.reason
+
+
+@pytest.mark.harness  # one torchrun launch of two workers and one run here: about 30 s
+def test_two_sharded_workers_clip_and_skip_on_the_global_gradient(tmp_path):
+    """The clip norm and the non-finite guard see every shard: a batch whose overflow is in
+    worker 1's slice is skipped by both workers, and clipped updates equal one process's."""
+    pytest.importorskip("torch")
+    script = str(Path(__file__).parent / "_sharded_clip_run.py")
+    subprocess.run([sys.executable, script, str(tmp_path / "one.npz")], check=True, timeout=300)
+    torch_distributed = importlib.import_module("unitrain.backends.torch.distributed")
+    env = {**os.environ, SHARD_ENV: "1", "OMP_NUM_THREADS": "1"}
+    command = [*torch_distributed.launch_command(2), script, str(tmp_path / "two.npz")]
+    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
+    with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "two.npz") as two:
+        assert int(two["world"]) == 2
+        assert int(one["skipped"]) == int(two["skipped"]) == 2  # the batch, in both epochs
+        for key in one.files:
+            if key.startswith(("model.", "optimizer.")):  # float32: ~1 ulp an update
+                np.testing.assert_allclose(two[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -143,3 +143,27 @@ def test_word_language_model_batches_follow_get_batch(monkeypatch):
     assert x.shape[1] == 6 and len(x) % 4 == 0
     assert np.array_equal(x[:, 1:], y[:, :-1])
     assert np.array_equal(x[4:, 0], y[:-4, -1])  # row j of batch k follows row j of batch k - 1
+
+
+def test_vae_port_objective_is_the_examples_loss(monkeypatch):
+    """ELBO = the reconstruction's binary cross-entropy summed over pixels + the KL term, as
+    the keras-io VAE's train_step computes them (with the probabilities' sigmoid)."""
+    monkeypatch.syspath_prepend(str(PAPERS))
+    import vae
+
+    from unitrain import losses
+
+    rng = np.random.default_rng(0)
+    logits, mean, log_var = (
+        rng.normal(size=(4, 8, 8, 1)),
+        rng.normal(size=(4, 2)),
+        rng.normal(size=(4, 2)),
+    )
+    images = rng.random((4, 8, 8, 1))
+    batch = losses.BatchView(images, images)
+    got = vae.ELBO().reference((logits, mean, log_var), batch, per_example=True)
+    p = 1 / (1 + np.exp(-logits))
+    bce = -(images * np.log(p) + (1 - images) * np.log(1 - p))
+    kl = -0.5 * np.sum(1 + log_var - mean**2 - np.exp(log_var), axis=1)
+    np.testing.assert_allclose(got, bce.reshape(4, -1).sum(1) + kl, rtol=1e-10)
+    assert vae.VAE().output_shape((8, 8, 1)) == ((8, 8, 1), (2,), (2,))

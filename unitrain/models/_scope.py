@@ -58,6 +58,9 @@ class Pass:
             a numpy int32 array when the numbers are known on the host (the site keys are
             then derived there, and only the draws run on the backend), or the backend's own
             array (inside a compiled step). None: no portable stream.
+        kept: how the backend computes a portable dropout mask, ``kept(site_key, keep, x)``
+            -> ``ops.random.bernoulli(site_key, keep, shape of x)``, the same bits (a fused
+            kernel, say); None: ``ops.random.bernoulli`` itself.
         after_layer: applied to every child's output (the numpy reference rounds there under
             mixed precision, as a low-precision kernel writes its output); None for none.
     """
@@ -66,6 +69,7 @@ class Pass:
         "after_layer",
         "draw",
         "draws",
+        "keep_mask",
         "key",
         "losses",
         "new_state",
@@ -82,10 +86,12 @@ class Pass:
         training: bool,
         draw: Draw | None = None,
         key: Any = None,
+        kept: Callable[[Any, float, Any], Any] | None = None,
         after_layer: Callable[[Any], Any] | None = None,
     ) -> None:
         self.params, self.state, self.training = params, state, training
         self.draw, self.key, self.after_layer = draw, key, after_layer
+        self.keep_mask = kept
         #: How many site keys each canonical path took in this pass.
         self.draws: dict[str, int] = {}
         #: The state moved in this pass, by canonical name (train mode only).
@@ -204,7 +210,11 @@ class Scope:
         keep = 1.0 - p
         dtype = ops.dtype(x)
         if self._pass.key is not None:
-            kept = ops.random.bernoulli(self._pass.site_key(self._prefix), keep, ops.shape(x))
+            site_key, fused = self._pass.site_key(self._prefix), self._pass.keep_mask
+            if fused is None:
+                kept = ops.random.bernoulli(site_key, keep, ops.shape(x))
+            else:
+                kept = fused(site_key, keep, x)
         elif self._pass.draw is not None:
             kept = ops.less(self._pass.draw(ops.shape(x), dtype), keep)
         else:

@@ -93,7 +93,14 @@ class TFPortable(tf.Module):
             params = {k: tf.cast(v, self.compute_dtype) for k, v in params.items()}
         portable = key is not None and self.random == "portable"
         draw = None if key is None or portable else _stateless_draw(key, self._first_mask)
-        run = Pass(params, self.state, training=training, draw=draw, key=key if portable else None)
+        run = Pass(
+            params,
+            self.state,
+            training=training,
+            draw=draw,
+            key=key if portable else None,
+            kept=_fused_keep_mask if portable else None,
+        )
         with ops.using(tensorflow_ops):
             out, _ = apply(self.spec, x, run)
         for name, value in run.new_state.items():  # gradient-stopped by Scope.set_state
@@ -102,6 +109,16 @@ class TFPortable(tf.Module):
         # backend in the same trace; set in __dict__, which tf.Module would otherwise track.
         self.__dict__["reported_losses"] = run.losses
         return out
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _fused_keep_mask(key: tf.Tensor, keep: float, like: tf.Tensor) -> tf.Tensor:
+    """``ops.random.bernoulli(key, keep, shape of like)`` compiled by XLA into one kernel: the
+    same bits, without the ~135 separate integer ops of Threefry-2x32-20 that TensorFlow's
+    graph executor would otherwise run one by one (2.4x the step time of a small Transformer
+    with dropout on a CPU)."""
+    with ops.using(tensorflow_ops):
+        return ops.random.bernoulli(key, keep, ops.shape(like))
 
 
 def _stateless_draw(key: tf.Tensor, first: int) -> Draw:

@@ -150,8 +150,8 @@ class LayerNorm(AbstractLayer, type_name="layer_norm"):
         check_bool("LayerNorm", "bias", self.bias)
 
     def own_param_shapes(self) -> dict[str, Shape]:
-        shapes = {"weight": (self.num_features,), "bias": (self.num_features,)}
-        return shapes if self.bias else {"weight": shapes["weight"]}
+        shapes: dict[str, Shape] = {"weight": (self.num_features,)}
+        return {**shapes, "bias": (self.num_features,)} if self.bias else shapes
 
     def _init_own_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         values = {"weight": np.ones(self.num_features), "bias": np.zeros(self.num_features)}

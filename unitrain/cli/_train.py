@@ -212,11 +212,12 @@ def compare(args: argparse.Namespace) -> int:
     if len(backends) < 2:
         raise ConfigError(f"--backends needs two or more names, got {args.backends!r}")
     recipe = _recipe(args)
-    if dropout := _dropout_in(recipe.model):
+    if recipe.config.random == "native" and (dropout := _dropout_in(recipe.model)):
         warnings.warn(
-            f"the model drops values ({dropout}); each backend draws its own dropout masks, "
-            "so the backends' runs differ by more than rounding and their differences below "
-            "are expected (set the dropout to 0 to compare the arithmetic)",
+            f"the model drops values ({dropout}) with random='native': each backend draws "
+            "its own dropout masks, so the backends' runs differ by more than rounding and "
+            "their differences below are expected (the default, random='portable', draws the "
+            "same masks on every backend)",
             stacklevel=1,
         )
     out = Path(args.out or Path("runs") / f"compare-{recipe.name}")

@@ -111,9 +111,11 @@ class Flatten(AbstractLayer, type_name="flatten"):
 class Dropout(AbstractLayer, type_name="dropout"):
     """Zero each value with probability ``p`` in train mode; survivors scale by ``1/(1-p)``.
 
-    Masks keep a value where a uniform draw in [0, 1) is below ``1 - p``; each backend draws
-    them from its own generator seeded by ``(seed, step, micro_batch)``, so runs resume
-    exactly, but two backends draw different masks. Evaluation never drops.
+    Masks keep a value where a uniform draw in [0, 1) is below ``1 - p``, drawn from the
+    portable generator keyed by ``(seed, step, micro_batch)`` and the layer's path
+    (:mod:`unitrain.ops.random`): every backend drops the same values, and runs resume
+    exactly. With ``random="native"`` each backend draws from its own generator instead
+    (faster on some, different masks on each). Evaluation never drops.
     """
 
     p: float = 0.5

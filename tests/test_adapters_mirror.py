@@ -33,11 +33,13 @@ OWN = {
     "torch": {
         "kernels": "which fused kernels compute correctly here; the device-side skip",
         "loops": "the fused and multi-step calls, eager torch having no compiled step",
+        "sharding": "sharded training on FSDP2 (TensorFlow has no sharding engine: it refuses)",
     },
     "jax": {
         "compiled": "the jitted functions of an update",
         "losslog": "the losses of fused steps, logged in a device buffer",
         "state": "the device state's canonical checkpoint layout",
+        "sharding": "the device state placed with NamedSharding over local devices",
     },
     "tensorflow": {"compiled": "the traced graphs of an update"},
 }

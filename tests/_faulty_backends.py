@@ -42,8 +42,11 @@ class _VariantScope(Scope):
             return x
         keep = self.owner.keep_probability(p)
         dtype = np.dtype(ops.dtype(x))
-        draw = self._pass.draw(ops.shape(x), dtype.name)
-        return x * ((draw < keep) * self.owner.kept_scale(keep)).astype(dtype)
+        if self._pass.key is not None:  # the portable generator (the default)
+            kept = ops.random.bernoulli(self._pass.site_key(self._prefix), keep, ops.shape(x))
+        else:
+            kept = self._pass.draw(ops.shape(x), dtype.name) < keep
+        return x * (kept * self.owner.kept_scale(keep)).astype(dtype)
 
 
 class _DropoutVariant(NumpyBackend):

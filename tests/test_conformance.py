@@ -232,9 +232,9 @@ def test_the_backend_guide_lists_every_check_and_what_it_fails_on():
 def test_a_backend_class_reaches_the_workers_as_the_same_backend_its_import_name_does():
     TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend  # launches workers
 
-    by_class = check_backend(TorchBackend, dtypes=["float32"], keyword="workers_match")
+    by_class = check_backend(TorchBackend, dtypes=["float32"], keyword="workers_match_global")
     by_name = check_backend(
-        "unitrain.backends.torch:TorchBackend", dtypes=["float32"], keyword="workers_match"
+        "unitrain.backends.torch:TorchBackend", dtypes=["float32"], keyword="workers_match_global"
     )
     assert [(r.id, r.status) for r in by_class] == [(r.id, r.status) for r in by_name]
     assert [r.status for r in by_class] == ["passed"], by_class[0].reason
@@ -258,7 +258,7 @@ def test_the_cli_gives_a_registered_name_and_its_import_path_the_same_verdict(ca
 def test_a_backend_defined_in_main_is_told_what_to_pass_instead_of_unknown_backend():
     TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend
     script_class = type("ScriptBackend", (TorchBackend,), {"__module__": "__main__"})
-    (result,) = check_backend(script_class, dtypes=["float32"], keyword="workers_match")
+    (result,) = check_backend(script_class, dtypes=["float32"], keyword="workers_match_global")
     assert result.status == "failed"
     assert "defined in the script being run" in result.reason
     assert "'package.module:Class'" in result.reason
@@ -302,7 +302,9 @@ def test_data_parallel_is_skipped_unless_declared_and_simulated_workers_are_name
         "the backend does not declare capability 'data_parallel'"
     }
 
-    report = run(_faulty_backends.SimulatesItsWorkers, dtypes=["float64"], keyword="workers_")
+    report = run(
+        _faulty_backends.SimulatesItsWorkers, dtypes=["float64"], keyword="data_parallel::workers_"
+    )
     assert [(r.status, r.simulated) for r in report.results] == [("passed", True)] * 2
     assert report.summary()["simulated"] == [r.id for r in report.results]
     table = report.table()
@@ -310,7 +312,9 @@ def test_data_parallel_is_skipped_unless_declared_and_simulated_workers_are_name
     assert "SimulatedWorkers in one process" in table
 
     (declared,) = check_backend(
-        _faulty_backends.DeclaresDataParallelOnly, dtypes=["float64"], keyword="workers_match"
+        _faulty_backends.DeclaresDataParallelOnly,
+        dtypes=["float64"],
+        keyword="data_parallel::workers_match",
     )
     assert declared.status == "failed"
     assert "offers neither launch_command(workers) nor launched_strategy()" in declared.reason

@@ -2,9 +2,10 @@
 
     python examples/papers/tables.py examples/papers/results
 
-Per recipe and backend: epochs trained, final validation loss and accuracy, wall time. Then,
-per recipe, how far the backends' validation losses are apart: the relative spread
-``(max - min) / min`` over the backends at each epoch, for the first epoch and the worst epoch.
+Per recipe and backend: validations run (one per epoch, or per ``val_every_n_steps`` updates
+for the recipes that validate by steps), the final validation loss and accuracy, wall time.
+Then, per recipe, how far the backends' validation losses are apart: the relative spread
+``(max - min) / min`` over the backends at each validation, for the first and the worst.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ def main() -> None:
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
         runs.setdefault(result["recipe"], []).append(result)
-    print("| recipe | backend | epochs | val_loss | val_accuracy | seconds |")
+    print("| recipe | backend | validations | val_loss | val_accuracy | seconds |")
     print("| --- | --- | --- | --- | --- | --- |")
     for recipe, results in runs.items():
         for result in results:
             last = result["history"][-1]
+            accuracy = f"{last['val_accuracy']:.4f}" if "val_accuracy" in last else "-"
             print(
                 f"| {recipe} | {result['backend']} | {len(result['history'])} | "
-                f"{last['val_loss']:.4f} | {last['val_accuracy']:.4f} | {result['seconds']} |"
+                f"{last['val_loss']:.4f} | {accuracy} | {result['seconds']} |"
             )
     print()
-    print("| recipe | backends | epoch-1 spread of val_loss | worst epoch spread (epoch) |")
+    print("| recipe | backends | first spread of val_loss | worst spread (validation) |")
     print("| --- | --- | --- | --- |")
     for recipe, results in runs.items():
         epochs = max(len(r["history"]) for r in results)

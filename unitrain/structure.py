@@ -19,6 +19,7 @@ from unitrain._errors import DataError
 __all__ = [
     "batch_weight",
     "first_leaf",
+    "is_plain_pair",
     "is_structured",
     "leaves",
     "map_leaves",
@@ -37,6 +38,12 @@ STRUCTURES = (tuple, dict)
 def is_structured(tree: Any) -> bool:
     """Whether ``tree`` is a tuple or dict (of arrays) rather than one array."""
     return isinstance(tree, STRUCTURES)
+
+
+def is_plain_pair(batch: Any) -> bool:
+    """Whether ``batch`` is the plain ``(x, y)``: two parts, each one array. Every fast path
+    (a backend's conversion, its device prefetch, a worker's slice) tests batches with this."""
+    return len(batch) == 2 and not (is_structured(batch[0]) or is_structured(batch[1]))
 
 
 def leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from unitrain._errors import ConfigError, DataError
 from unitrain.backends.sharded import Sharded, shard_requested, sharded_strategy_for
-from unitrain.structure import is_structured, num_examples, slice_rows
+from unitrain.structure import is_plain_pair, num_examples, slice_rows
 
 __all__ = [
     "DataParallel",
@@ -131,7 +131,7 @@ def shard_bounds(size: int, world_size: int, rank: int) -> tuple[int, int]:
 def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
     """Rows ``[start, stop)`` of every part of a batch (numpy arrays or framework tensors),
     every leaf of a structured one alike."""
-    if len(batch) == 2 and not (is_structured(batch[0]) or is_structured(batch[1])):
+    if is_plain_pair(batch):
         return batch[0][start:stop], batch[1][start:stop]  # the plain path: two slices
     return tuple(slice_rows(part, start, stop) for part in batch)
 

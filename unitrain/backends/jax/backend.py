@@ -91,7 +91,7 @@ from unitrain.backends.protocol import (
 from unitrain.backends.strategy import dropout_index
 from unitrain.losses import resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
-from unitrain.structure import is_structured, map_leaves, num_examples
+from unitrain.structure import is_plain_pair, map_leaves, num_examples
 
 __all__ = ["JaxBackend", "JaxModel", "LocalDevices"]
 
@@ -217,12 +217,7 @@ class JaxBackend:
     def _arrays(self, batch: Batch) -> tuple[Any, Any]:
         """The batch as jit arguments (see :func:`.core.host_batch`), split over the local
         devices when data-parallel."""
-        if (
-            len(batch) != 2
-            or self._reads_batch
-            or is_structured(batch[0])
-            or is_structured(batch[1])
-        ):
+        if self._reads_batch or not is_plain_pair(batch):
             if self._input_check is not None:
                 self._input_check(batch[0])
             x, y = structured_batch(batch)

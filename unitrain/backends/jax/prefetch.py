@@ -16,7 +16,7 @@ import jax
 
 from unitrain.backends.common import one_ahead
 from unitrain.backends.jax.core import host_batch
-from unitrain.structure import is_structured
+from unitrain.structure import is_plain_pair
 
 __all__ = ["prefetch"]
 
@@ -38,7 +38,7 @@ def _ahead(
     batches: Iterator[Any], device: Any, tokens: bool, classification: bool
 ) -> Iterator[Any]:
     def put(batch: Any) -> Any:
-        if len(batch) != 2 or is_structured(batch[0]) or is_structured(batch[1]):
+        if not is_plain_pair(batch):
             return batch  # a structured batch: converted leaf by leaf when it is used
         x, y = batch
         return jax.device_put(host_batch(x, y, tokens, classification), device)

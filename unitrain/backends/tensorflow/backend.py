@@ -83,7 +83,7 @@ from unitrain.backends.tensorflow.precision import (
 from unitrain.backends.tensorflow.prefetch import prefetch
 from unitrain.losses import AbstractLoss, resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
-from unitrain.structure import is_structured, map_leaves, num_examples
+from unitrain.structure import is_plain_pair, map_leaves, num_examples
 
 __all__ = ["TensorFlowBackend"]
 
@@ -216,12 +216,7 @@ class TensorFlowBackend(CompiledGraphs):
     def _tensors(self, batch: Batch) -> tuple[Any, Any]:
         """``(x, y)`` as tensors; a structured batch (or any under an objective) as ``(x,
         whole batch)`` (see :func:`.model.structured_tensors`)."""
-        if (
-            len(batch) != 2
-            or self._reads_batch
-            or is_structured(batch[0])
-            or is_structured(batch[1])
-        ):
+        if self._reads_batch or not is_plain_pair(batch):
             if self._input_check is not None:
                 self._input_check(batch[0])
             return tf_model.structured_tensors(batch, self.dtype)

@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from unitrain.backends.common import one_ahead
-from unitrain.structure import is_structured
+from unitrain.structure import is_plain_pair
 
 __all__ = ["prefetch"]
 
@@ -33,7 +33,7 @@ def _ahead(
     batches: Iterator[Any], device_name: str, dtype: tf.DType, classification: bool
 ) -> Iterator[Any]:
     def put(batch: Any) -> Any:
-        if len(batch) != 2 or is_structured(batch[0]) or is_structured(batch[1]):
+        if not is_plain_pair(batch):
             return batch  # a structured batch: converted leaf by leaf when it is used
         x, y = batch
         with tf.device(device_name):

@@ -53,7 +53,7 @@ from unitrain.backends.torch.precision import (
 from unitrain.backends.torch.prefetch import prefetch
 from unitrain.models import AbstractLayer, InputCheck
 from unitrain.ops.random import host_stream_key
-from unitrain.structure import first_leaf, is_structured, map_leaves, num_examples
+from unitrain.structure import first_leaf, is_plain_pair, map_leaves, num_examples
 
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
@@ -161,12 +161,7 @@ class TorchBackend(UpdateLoops):
     def _tensors(self, batch: Batch) -> tuple[Any, Any]:
         """``(x, y)`` as tensors; for a structured batch, an objective or sample weights,
         ``(inputs, losses.BatchView)`` (see :func:`.model.structured_tensors`)."""
-        if (
-            len(batch) != 2
-            or self._reads_batch
-            or is_structured(batch[0])
-            or is_structured(batch[1])
-        ):
+        if self._reads_batch or not is_plain_pair(batch):
             if self._input_check is not None:
                 self._input_check(batch[0])
             return structured_tensors(batch, self.torch_device, self.dtype)

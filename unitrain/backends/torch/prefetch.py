@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from unitrain.backends.common import one_ahead
-from unitrain.structure import is_structured
+from unitrain.structure import is_plain_pair
 
 __all__ = ["prefetch"]
 
@@ -48,7 +48,7 @@ def _ahead(
     side = torch.cuda.Stream(device)
 
     def stage(batch: Any) -> tuple[Any, Any, torch.cuda.Event | None]:
-        if len(batch) != 2 or is_structured(batch[0]) or is_structured(batch[1]):
+        if not is_plain_pair(batch):
             return batch, None, None  # a structured batch: converted leaf by leaf when used
         x, y = batch
         with torch.cuda.stream(side):

@@ -77,6 +77,7 @@ class Run(Protocol):
     callbacks: Any
     batches_per_epoch: int
     lineage: Any  # a unitrain.training._lineage.Lineage, or None outside fit
+    strategy: Any  # a unitrain.backends.strategy.Strategy
 
     def run_state(self) -> RunState: ...
 
@@ -88,6 +89,18 @@ def model_description(model: Any) -> dict[str, Any]:
     if isinstance(model, AbstractLayer):
         return model.to_dict()
     return {"type": "native", "class": type(model).__qualname__}
+
+
+def join_snapshot(run: Run) -> None:
+    """What a worker other than rank 0 does while rank 0 takes :func:`snapshot`: the same
+    collectives in the same order. Its running loss joins rank 0's sum; where reading the
+    backend's state is itself a collective (a sharded model's parameters are gathered: the
+    strategy's ``collective_state``), it reads the state too, and otherwise leaves it alone
+    (a data-parallel worker would copy its whole state to the host for nothing)."""
+    if getattr(run.strategy, "collective_state", False):
+        snapshot(run)
+    else:
+        run.run_state()
 
 
 def snapshot(run: Run) -> dict[str, Any]:

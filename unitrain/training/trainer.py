@@ -43,7 +43,7 @@ from unitrain.training._fit_loop import FitLoop
 from unitrain.training._lineage import Lineage, claim_folders, lineage_for
 from unitrain.training._lock import RunLock, check_locks, confirm_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
-from unitrain.training._run_state import RunState, TrainState, restore, snapshot
+from unitrain.training._run_state import RunState, TrainState, join_snapshot, restore, snapshot
 from unitrain.training.config import TrainerConfig
 
 __all__ = ["RunState", "TrainState", "Trainer"]
@@ -338,7 +338,7 @@ class Trainer(FitLoop):
         """
         self._last_save = (self.state.step, Path(path))  # on every worker: they decide alike
         if not self.strategy.is_main:
-            snapshot(self)  # as rank 0's: sums the running loss, gathers a sharded model
+            join_snapshot(self)  # rank 0's sums the running loss (and gathers a sharded model)
             self.strategy.barrier()
             return Path(path)
         check_locks(self._locks)  # never write where another run has taken over

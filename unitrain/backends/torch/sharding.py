@@ -43,6 +43,10 @@ class TorchSharded(TorchDDP):
         rank: this worker's number.
     """
 
+    #: Reading the backend's state gathers the shards, a collective every worker joins (so
+    #: every worker reads it when rank 0 writes a checkpoint: see ``join_snapshot``).
+    collective_state = True
+
     @classmethod
     def for_request(cls, workers: int | None) -> TorchSharded:
         """The worker torchrun described in the environment, sharding over ``workers``.

@@ -322,3 +322,29 @@ def test_a_prefetching_loop_passes_structured_batches_on_to_the_backend(backend)
     assert staged[0][0] is inputs and staged[0][2] is weight
     assert not isinstance(staged[1][0], np.ndarray)  # the plain batch was put on the device
     assert np.array_equal(np.asarray(staged[1][1]), targets["label"])
+
+
+class _NativeLoss:
+    """A framework's own loss function, as a user might pass one."""
+
+    def __call__(self, outputs: Any, targets: Any) -> Any:
+        return ((outputs - targets) ** 2).mean()
+
+    def __repr__(self) -> str:
+        return "_NativeLoss()"
+
+
+def test_a_native_loss_on_a_structured_batch_is_refused_with_what_to_write():
+    pytest.importorskip("torch")
+    inputs, targets, _ = _data()
+    trainer = Trainer(TwoTower(), backend="torch", loss=_NativeLoss(), schedule=Constant(0.1))
+    with pytest.raises(ConfigError) as raised:
+        trainer.fit(ArrayLoader(inputs, targets, 6, seed=1))
+    message = str(raised.value)
+    assert message.endswith(
+        "write it as a unitrain.losses.Objective (over the outputs and the "
+        "whole batch), which runs on every backend"
+    )
+    assert message.replace("_NativeLoss()", "<function my_loss at 0x...>") in ERRORS_PAGE.read_text(
+        encoding="utf-8"
+    )

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from unitrain import ops
-from unitrain._errors import DataError
+from unitrain._errors import ConfigError, DataError
 from unitrain.losses._base import AbstractLoss, weighted_mean
 from unitrain.ops import Array
 from unitrain.structure import is_structured, map_leaves
@@ -124,8 +124,17 @@ def batch_loss(
     target, weighted by ``sample_weight`` when given) plus the reported ``terms``.
 
     Raises:
+        ConfigError: ``loss`` is a native callable, which knows nothing of the batch's
+            structure, its weights or the reported terms.
         DataError: a built-in loss given several outputs or several targets.
     """
+    if not isinstance(loss, AbstractLoss):
+        raise ConfigError(
+            "a structured batch, sample weights or loss terms reported by layers need a "
+            f"unitrain.losses loss written in ops, got the native callable {loss!r}; write it "
+            "as a unitrain.losses.Objective (over the outputs and the whole batch), which runs "
+            "on every backend"
+        )
     if getattr(loss, "reads_batch", False):
         view = BatchView(_view(inputs, "inputs"), _view(targets, "targets"), sample_weight)
         value = loss(_view(outputs, "outputs"), view)

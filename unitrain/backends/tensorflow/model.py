@@ -166,11 +166,6 @@ def structured_tensors(batch: Any, dtype: tf.DType) -> tuple[Any, tuple[Any, ...
 def batch_loss_in_ops(loss: Any, out: Any, whole: Any, terms: Any) -> tf.Tensor:
     """:func:`unitrain.losses.batch_loss` under TensorFlow's ops; ``whole`` is the batch as
     :func:`structured_tensors` gives it, or the plain targets."""
-    if not isinstance(loss, losses.AbstractLoss):
-        raise ConfigError(
-            "a structured batch, sample weights or loss terms reported by layers need a "
-            f"unitrain.losses loss written in ops, got the native callable {loss!r}"
-        )
     inputs, targets, weight = (
         split_batch(whole) if isinstance(whole, tuple) else (None, whole, None)
     )

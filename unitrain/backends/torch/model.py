@@ -129,11 +129,6 @@ def batch_loss_in_ops(
 ) -> torch.Tensor:
     """:func:`unitrain.losses.batch_loss` under torch's ops, the outputs in ``dtype``
     (float32 under mixed precision)."""
-    if not isinstance(loss, losses.AbstractLoss):
-        raise ConfigError(
-            "a structured batch, sample weights or loss terms reported by layers need a "
-            f"unitrain.losses loss written in ops, got the native callable {loss!r}"
-        )
     out = map_leaves(lambda t: t.to(dtype) if t.is_floating_point() else t, out)
     token = ops.enter(torch_ops)
     try:

@@ -28,16 +28,12 @@ from unitrain.models import (
     AbstractLayer,
     Conv2d,
     Linear,
-    MultiHeadAttention,
     Scope,
     Sequential,
 )
 
 #: What each framework refuses, by layer case, and the words its error must hold.
-REFUSED = {
-    ("keras", "attention_rotary"): "no rotary positions",
-    ("keras", "lstm_stateful"): "stateful Keras layer",
-}
+REFUSED = {}
 #: The default run's cases: one per family in torch, two in JAX (its eager ops are slow on
 #: a small CPU); Keras builds, and TensorFlow's import, take long enough that its checks
 #: are harness tests only, with the sweep over every case.
@@ -322,21 +318,6 @@ DOCUMENTED = {
         "export_native: Doubled() (at '1') has no torch form: a layer of your own is written "
         "in unitrain.ops, not in the framework's layers; export it with export_onnx (traced op "
         "by op), or write it as a torch layer and load its weights by their canonical names",
-    ),
-    "keras_rotary": (
-        lambda: export_native(
-            _portable(MultiHeadAttention(8, 2, rotary=True)), "keras", input_shape=(5, 8)
-        ),
-        "export_native: MultiHeadAttention(dim=8, heads=2, causal=False, dropout=0.0, "
-        "bias=True, rotary=True) (at the top) has no keras form: "
-        "keras.layers.MultiHeadAttention has no rotary positions",
-    ),
-    "keras_stateful": (
-        lambda: export_native(_portable(LSTM(3, 4, batch_size=2)), "keras", input_shape=(5, 3)),
-        "export_native: LSTM(input_size=3, hidden_size=4, return_sequences=True, batch_size=2) "
-        "(at the top) has no keras form: a stateful Keras layer keeps its state in the layer "
-        "and cannot start from saved values in a functional model; export it to torch, JAX or "
-        "ONNX",
     ),
     "keras_input_shape": (
         lambda: export_native(_portable(Sequential([Conv2d(1, 2, 3)])), "keras"),

@@ -231,12 +231,15 @@ def _sinusoidal(
 
 
 def _attention(walker: KerasWalker, layer: MultiHeadAttention, prefix: str, x: Any) -> Any:
-    if layer.rotary:
-        raise walker.refuse(
-            layer, prefix, "keras.layers.MultiHeadAttention has no rotary positions"
-        )
     heads, size, dim = layer.heads, layer.head_dim, layer.dim
     weights: list[np.ndarray] = []
+    if layer.rotary:  # keras.layers.MultiHeadAttention has no rotary positions
+        for part in ("query", "key", "value", "out"):
+            weights.append(walker.array(join(prefix, part), "weight"))
+            if layer.bias:
+                weights.append(walker.array(join(prefix, part), "bias"))
+        rotary = keras_layers.RotaryAttention(dim, heads, layer.causal, layer.bias)
+        return walker.use(rotary, weights, x)
     for part in ("query", "key", "value"):  # (dim, dim) -> (dim, heads, head size)
         weights.append(walker.array(join(prefix, part), "weight").reshape(dim, heads, size))
         if layer.bias:
@@ -266,13 +269,12 @@ def _transformer_block(walker: KerasWalker, layer: TransformerBlock, prefix: str
 
 
 def _recurrent(walker: KerasWalker, layer: LSTM | GRU, prefix: str, x: Any) -> Any:
-    if layer.batch_size is not None:
-        raise walker.refuse(
-            layer,
-            prefix,
-            "a stateful Keras layer keeps its state in the layer and cannot start from saved "
-            "values in a functional model; export it to torch, JAX or ONNX",
-        )
+    start = None
+    if layer.batch_size is not None:  # stateful: every call starts from the saved state
+        names = ("h", "c") if isinstance(layer, LSTM) else ("h",)
+        saved = keras_layers.SavedStates(len(names), layer.batch_size, layer.hidden_size)
+        start = saved(x)
+        walker.assigned.append((saved, [walker.array(prefix, name) for name in names]))
     weight_ih, weight_hh = walker.array(prefix, "weight_ih"), walker.array(prefix, "weight_hh")
     if isinstance(layer, LSTM):  # i, f, c, o: unitrain's order
         weights = [weight_ih, weight_hh, walker.array(prefix, "bias")]
@@ -288,7 +290,9 @@ def _recurrent(walker: KerasWalker, layer: LSTM | GRU, prefix: str, x: Any) -> A
         rnn = keras.layers.GRU(
             layer.hidden_size, return_sequences=layer.return_sequences, reset_after=True
         )
-    return walker.use(rnn, weights, x)
+    y = rnn(x, initial_state=start)
+    walker.assigned.append((rnn, weights))
+    return y
 
 
 BUILDERS: dict[type, Builder] = {

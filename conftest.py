@@ -38,41 +38,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 @pytest.fixture(autouse=True)
-def _sigint_handler_put_back(request):
-    """Every test starts with the SIGINT handler the previous one started with, at the C level
-    too, and with SIGINT unblocked.
+def _sigint_handler_put_back():
+    """Every test starts with the SIGINT handler the previous one started with.
 
-    The Ctrl-C tests need Python's own handler (and their subprocesses inherit an ignored or
-    blocked SIGINT). Two full runs saw three of them fail after a test in the same worker had
-    left SIGINT otherwise: once a Python handler, once a disposition set below Python (by
-    native code: ``signal.getsignal`` still named Python's handler, and the signal never
-    arrived). So the handler is installed again after every test, whatever Python's record
-    says, and SIGINT unblocked; where the process's own status shows SIGINT ignored or blocked
-    after a test, that test's id is appended to ``unitrain-sigint.log`` in the temporary
-    folder, to find the code that does it.
+    The Ctrl-C tests need Python's own handler (and their subprocesses inherit an ignored
+    SIGINT). One full run saw three of them fail after a test in the same worker had left
+    another handler installed; the test that did is not known yet, so the handler is put back
+    after each test instead of letting one test's leftover fail unrelated ones.
     """
     import signal
-    import tempfile
 
     before = signal.getsignal(signal.SIGINT)
     yield
-    if _sigint_ignored_or_blocked():
-        log = Path(tempfile.gettempdir()) / "unitrain-sigint.log"
-        with log.open("a", encoding="utf-8") as file:
-            file.write(f"{request.node.nodeid}\n")
-    signal.signal(signal.SIGINT, before)  # always: native code may have changed it unseen
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _sigint_ignored_or_blocked() -> bool:
-    """Whether the main thread ignores or blocks SIGINT, read from /proc (Linux); False
-    where there is no /proc."""
-    import threading
-
-    status = Path(f"/proc/self/task/{threading.main_thread().native_id}/status")
-    if not status.exists():
-        return False
-    for line in status.read_text().splitlines():
-        if line.startswith(("SigIgn:", "SigBlk:")) and int(line.split(":")[1], 16) & 0b10:
-            return True  # bit 1 is signal 2, SIGINT
-    return False
+    if signal.getsignal(signal.SIGINT) is not before:
+        signal.signal(signal.SIGINT, before)

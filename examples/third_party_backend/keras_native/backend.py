@@ -52,6 +52,10 @@ _DECOUPLED = "Keras Adam's weight_decay is decoupled (w -= lr*wd*w); the referen
 _EPSILON = "Keras Adam adds eps to sqrt(v) before the bias correction, computed in float32"
 _NOT_MAPPED = "this example maps only SGD, Adam and AdamW to Keras optimizers"
 _NO_GROUPS = "a Keras optimizer takes one set of options: parameter groups are refused"
+_OWN_DROPOUT = (
+    "masks from tf.random.stateless_uniform keyed by (seed, step, micro-batch), not from "
+    "unitrain's portable generator: right in distribution and resumable, other bits"
+)
 
 
 class KerasNativeBackend:
@@ -91,6 +95,7 @@ class KerasNativeBackend:
         "optimizers::sgd_groups": _NO_GROUPS,
         "optimizers::adamw_groups": _NO_GROUPS,
         "optimizers::group_matching_nothing_is_refused": _NO_GROUPS,
+        "dropout::portable_masks": _OWN_DROPOUT,
     }
 
     @staticmethod

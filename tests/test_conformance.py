@@ -52,7 +52,9 @@ def test_backend_conforms_in_every_declared_dtype(backend, family):
     results = check_backend(backend, device="cpu", dtypes=list(declared), keyword=f"{family}::")
     assert sorted(r.id for r in results) == sorted(_family_ids(family, declared))
     for dtype in declared:
-        _assert_conforms([r for r in results if r.dtype == dtype], minimum=1)
+        # A family the backend does not declare (numpy's fused, data_parallel, ...) runs no
+        # check at all: nothing may fail, and the whole kit's size is held below.
+        _assert_conforms([r for r in results if r.dtype == dtype], minimum=0)
     # The whole kit's size, which no single item sees run: >= 60 checks planned per dtype.
     planned, _ = plan(resolve_backend(backend), device="cpu")
     for dtype in declared:

@@ -248,7 +248,7 @@ def test_the_kit_fails_fsdp_averaging_that_sums(monkeypatch):
     target = "_sharded_trap_torch:TorchShardedSummed"
     [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword="sharded")
     assert result.status == "failed", result.reason
-    assert "2 sharded workers vs 1 worker with the global batch" in result.reason
+    assert "2 sharded workers vs 1 with the global batch" in result.reason
 
 
 def test_the_kit_skips_sharding_where_the_engine_has_none():

@@ -21,6 +21,7 @@ from unitrain.checkpoint._discovery import checkpoint_run, list_checkpoints, res
 from unitrain.checkpoint._format import FORMAT_VERSION, CheckpointWarning
 from unitrain.checkpoint._read import Checkpoint, load_checkpoint, verify_checkpoint
 from unitrain.checkpoint._remove import remove_checkpoint, remove_leftovers
+from unitrain.checkpoint._shards import RowShard
 from unitrain.checkpoint._write import CheckpointWriter, checkpoint_name, save_checkpoint
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointWarning",
     "CheckpointWriter",
+    "RowShard",
     "checkpoint_name",
     "checkpoint_run",
     "list_checkpoints",

@@ -366,14 +366,26 @@ class TorchBackend(UpdateLoops):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters, buffers and optimizer state as host numpy copies, canonical names."""
-        state = {f"model.{k}": to_numpy(v) for k, v in self._model_tensors().items()}
-        shapes = {f"{k}.": v.shape for k, v in self.params.items()}
+        return self._state(to_numpy)
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` with each tensor sharded by rows as this worker's rows of it (a
+        :class:`~unitrain.checkpoint.RowShard`), read without gathering: what a sharded
+        checkpoint stores (see :func:`.sharding.local_rows`)."""
+        from unitrain.backends.torch.sharding import local_rows
+
+        return self._state(local_rows)
+
+    def _state(self, host: Any) -> dict[str, Any]:
+        """The state, each tensor read by ``host`` (a full or a local copy)."""
+        state = {f"model.{k}": host(v) for k, v in self._model_tensors().items()}
+        owners = {f"{k}.": v for k, v in self.params.items()}
+        slot_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         for key, tensor in self.optimizer.slots().items():
-            if tensor is None:
-                shape = next(s for prefix, s in shapes.items() if key.startswith(prefix))
-                state[f"optimizer.{key}"] = np.zeros(shape, numpy_dtype(self.dtype))
-            else:
-                state[f"optimizer.{key}"] = to_numpy(tensor)
+            if tensor is None:  # not created yet: zeros shaped (and sharded) as its parameter
+                param = next(p for prefix, p in owners.items() if key.startswith(prefix))
+                tensor = torch.zeros_like(param, dtype=slot_dtype)
+            state[f"optimizer.{key}"] = host(tensor)
         self._settle()
         state["optimizer.step"] = np.asarray(self._step, np.int64)
         state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})

@@ -11,10 +11,13 @@ the workers by torch (a replicated result), and :func:`global_finite_check` turn
 backend's finite check on the local shards into one all-reduced flag, so every worker clips
 by the same factor and skips the same updates.
 
-State goes through the full tensors: ``core.to_numpy`` gathers a sharded tensor (every
-worker takes part; the Trainer has every worker snapshot its state) and :func:`placed_like`
-cuts a full array into this worker's shard with no communication, as every worker reads the
-same checkpoint. Per-worker shard files are not written: a checkpoint holds full tensors.
+A checkpoint is written without gathering: :func:`local_rows` reads each worker's own rows
+(the backend's ``local_state_dict``) and every worker writes them to a file of its own
+(:mod:`unitrain.checkpoint._shards`); :meth:`TorchSharded.exchange` passes the few small
+values the workers must agree on (where to write, what each wrote). ``state_dict`` still
+gives full tensors (``core.to_numpy`` gathers a sharded one, every worker taking part), and
+:func:`placed_like` cuts a full array into this worker's shard with no communication, as
+every worker reads the same checkpoint.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from unitrain import ConfigError
+from unitrain.backends.torch.core import to_numpy
 from unitrain.backends.torch.distributed import TorchDDP
+from unitrain.checkpoint import RowShard
 
-__all__ = ["TorchSharded", "global_finite_check", "placed_like"]
+__all__ = ["TorchSharded", "global_finite_check", "local_rows", "placed_like"]
 
 
 class TorchSharded(TorchDDP):
@@ -77,6 +82,31 @@ class TorchSharded(TorchDDP):
     def shard_module(self, module: torch.nn.Module) -> None:
         """``fully_shard(module)`` in place: its parameters become sharded ``DTensor``\\ s."""
         fully_shard(module)
+
+    def exchange(self, value: Any) -> list[Any]:
+        """Every worker's ``value`` (small, picklable), in rank order, on every worker."""
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+
+def local_rows(tensor: torch.Tensor) -> np.ndarray | RowShard:
+    """A host copy of this worker's rows of ``tensor`` when it is sharded by rows (FSDP2's
+    ``Shard(0)``), else of its full value (gathered if it is another ``DTensor``: then every
+    worker must read the same tensors in the same order, as ``state_dict`` does)."""
+    if not isinstance(tensor, DTensor) or tuple(tensor.placements) != (Shard(0),):
+        return to_numpy(tensor)
+    rows, workers = tensor.shape[0], tensor.device_mesh.size()
+    rank = tensor.device_mesh.get_local_rank()
+    chunk = -(-rows // workers)  # torch.chunk's split, which Shard(0) follows
+    start, stop = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
+    local = to_numpy(tensor.to_local())
+    if local.shape[0] != stop - start:
+        raise RuntimeError(
+            f"worker {rank} holds {local.shape[0]} rows of a {rows}-row tensor where "
+            f"torch.chunk's split gives {stop - start}; this torch shards otherwise"
+        )
+    return RowShard(local, start, rows)
 
 
 def placed_like(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:

@@ -434,7 +434,7 @@ def test_load_refuses_modified_files(tmp_path: Path, name: str, how: str) -> Non
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda m: m.replace('"format_version": 2', '"format_version": 3'), "upgrade unitrain"),
+        (lambda m: m.replace('"format_version": 2', '"format_version": 4'), "upgrade unitrain"),
         (lambda m: m.replace('"format_version": 2', '"format_version": true'), "positive int"),
         (lambda m: m.replace('"format_version": 2', '"format_version": 1'), "'sha256': 64"),
         (lambda m: m.replace("  ", "   ", 1), "canonical form"),

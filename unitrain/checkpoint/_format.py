@@ -7,6 +7,7 @@ reader would refuse.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,8 +21,12 @@ from unitrain.checkpoint._digest import DIGEST_HEX_DIGITS, DIGEST_PATTERNS, SHA2
 #: Version 2 records XXH3-64 digests in the manifest where version 1 recorded SHA-256; both
 #: are read (see :mod:`unitrain.checkpoint._digest` for why).
 FORMAT_VERSION = 2
+#: The manifest's version for a sharded checkpoint (:mod:`unitrain.checkpoint._shards`): as
+#: version 2, plus ``shards.json`` and one file per worker and kind. An unsharded checkpoint
+#: stays at version 2, so unitrain versions that predate sharding still read it.
+SHARDED_FORMAT_VERSION = 3
 #: The digest a manifest of each format version records.
-MANIFEST_DIGESTS = {1: SHA256, 2: XXH3_64}
+MANIFEST_DIGESTS = {1: SHA256, 2: XXH3_64, 3: XXH3_64}
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -32,6 +37,20 @@ MANIFEST_FILE = "manifest.json"
 #: The files the manifest covers, in the order they are written (the manifest comes last).
 DATA_FILES = (MODEL_FILE, OPTIMIZER_FILE, CALLBACKS_FILE, TRAINER_FILE)
 ALL_FILES = frozenset((*DATA_FILES, MANIFEST_FILE))
+#: A sharded checkpoint's layout: which rows of which tensor each worker's file holds.
+SHARDS_FILE = "shards.json"
+_SHARD_FILE = re.compile(r"(?:model|optimizer)-\d{5}-of-\d{5}\.safetensors")
+
+
+def is_shard_file(name: str) -> bool:
+    """Whether ``name`` is a worker's shard file (``model-00001-of-00004.safetensors``)."""
+    return _SHARD_FILE.fullmatch(name) is not None
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether a file of this name belongs in a checkpoint directory (sharded or not)."""
+    return name in ALL_FILES or name == SHARDS_FILE or is_shard_file(name)
+
 
 #: JSON files above this size are refused before they are read, so a damaged or hostile file
 #: cannot exhaust memory. Metric histories and RNG states are far smaller.
@@ -162,17 +181,18 @@ def decode_json(data: bytes, file: Path) -> Any:
         ) from exc
 
 
-def check_format_version(value: object, file: Path | str) -> None:
-    """Raises CheckpointError unless ``value`` is a format version this unitrain can read."""
+def check_format_version(value: object, file: Path | str, newest: int = FORMAT_VERSION) -> None:
+    """Raises CheckpointError unless ``value`` is a format version (up to ``newest``) this
+    unitrain can read."""
     if type(value) is not int or value < 1:
         raise CheckpointError(
             f"{file}: 'format_version' must be a positive int, got {value!r}; the file is "
             "damaged or was not written by unitrain"
         )
-    if value > FORMAT_VERSION:
+    if value > newest:
         raise CheckpointError(
             f"{file}: checkpoint format version {value} is newer than this unitrain reads "
-            f"(up to {FORMAT_VERSION}); upgrade unitrain to load it"
+            f"(up to {newest}); upgrade unitrain to load it"
         )
 
 
@@ -234,13 +254,17 @@ def encode_manifest(files: Mapping[str, FileDigest]) -> bytes:
 
     The format version written is the one whose digest the entries hold: 2 for XXH3-64, which
     every new checkpoint uses, and 1 for SHA-256, so that old manifests re-encode to their own
-    bytes when :func:`parse_manifest` checks their form.
+    bytes when :func:`parse_manifest` checks their form; 3 where shard files are listed.
 
     Args:
         files: maps each data file name to its :class:`FileDigest`; all of one algorithm.
     """
     algorithms = {entry.algorithm for entry in files.values()} or {XXH3_64}
     versions = [v for v, algorithm in MANIFEST_DIGESTS.items() if {algorithm} == algorithms]
+    if set(files) - set(DATA_FILES):
+        versions = [v for v in versions if v == SHARDED_FORMAT_VERSION]
+    else:
+        versions = [v for v in versions if v != SHARDED_FORMAT_VERSION]
     if not versions:
         raise ValueError(f"a manifest holds digests of one algorithm, got {sorted(algorithms)}")
     manifest = {
@@ -266,15 +290,17 @@ def parse_manifest(data: bytes, file: Path) -> dict[str, FileDigest]:
             f"{file}: must be a JSON object with exactly 'files' and 'format_version'; the "
             "manifest is damaged — use an earlier checkpoint"
         )
-    check_format_version(manifest["format_version"], file)
-    algorithm = MANIFEST_DIGESTS[manifest["format_version"]]
+    version = manifest["format_version"]
+    check_format_version(version, file, newest=SHARDED_FORMAT_VERSION)
+    algorithm = MANIFEST_DIGESTS[version]
     width = DIGEST_HEX_DIGITS[algorithm]
     entries = manifest["files"]
-    if not isinstance(entries, dict) or set(entries) != set(DATA_FILES):
+    if not isinstance(entries, dict) or not _lists_the_files(set(entries), version):
         listed = sorted(entries) if isinstance(entries, dict) else entries
+        shards = f", {SHARDS_FILE} and the workers' shard files" if version == 3 else ""
         raise CheckpointError(
-            f"{file}: 'files' must list exactly {sorted(DATA_FILES)}, got {listed!r:.200}; "
-            "the manifest is damaged — use an earlier checkpoint"
+            f"{file}: 'files' must list exactly {sorted(DATA_FILES)}{shards}, got "
+            f"{listed!r:.200}; the manifest is damaged — use an earlier checkpoint"
         )
     result: dict[str, FileDigest] = {}
     for name, entry in entries.items():
@@ -296,3 +322,12 @@ def parse_manifest(data: bytes, file: Path) -> dict[str, FileDigest]:
             "after saving — use an earlier checkpoint"
         )
     return result
+
+
+def _lists_the_files(names: set[str], version: int) -> bool:
+    """Whether a manifest of ``version`` lists the files such a checkpoint holds (which shard
+    files a sharded one holds, ``shards.json`` says: the reader checks that against it)."""
+    if version != SHARDED_FORMAT_VERSION:
+        return names == set(DATA_FILES)
+    rest = names - set(DATA_FILES) - {SHARDS_FILE}
+    return set(DATA_FILES) | {SHARDS_FILE} <= names and all(is_shard_file(n) for n in rest)

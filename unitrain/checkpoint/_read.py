@@ -32,14 +32,17 @@ from unitrain.checkpoint._format import (
     MAX_JSON_BYTES,
     MODEL_FILE,
     OPTIMIZER_FILE,
+    SHARDS_FILE,
     TRAINER_FILE,
     FileDigest,
     check_json_value,
     check_trainer_state,
     decode_json,
+    is_checkpoint_file,
     parse_manifest,
 )
 from unitrain.checkpoint._safetensors import read_tensor_file
+from unitrain.checkpoint._shards import KINDS, ShardLayout, shard_file
 
 __all__ = ["Checkpoint", "load_checkpoint", "read_file", "verify_checkpoint"]
 
@@ -116,10 +119,11 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
         )
     manifest: dict[str, FileDigest] = {}
     if verify:
-        _check_file_set(root)
+        present = _check_file_set(root)
         manifest = parse_manifest(
             read_file(root / MANIFEST_FILE, MAX_JSON_BYTES), root / MANIFEST_FILE
         )
+        _check_listed(root, present, {*manifest, MANIFEST_FILE})
     # Damage (a size or digest mismatch) in any file is reported before a parse error in any
     # file, since a damaged file is the likelier cause of what its parser found.
     tensors: dict[str, dict[str, np.ndarray]] = {}
@@ -134,6 +138,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, verify: bool = True) -> Che
         else:
             tensors[name], problem = _read_tensors(file, manifest.get(name))
             unreadable += [problem] if problem is not None else []
+    if SHARDS_FILE in manifest or (not verify and (root / SHARDS_FILE).exists()):
+        for kind, full in _read_shards(root, manifest, unreadable).items():
+            _join(
+                tensors[{"model": MODEL_FILE, "optimizer": OPTIMIZER_FILE}[kind]],
+                full,
+                root / SHARDS_FILE,
+            )
     trainer_file = root / TRAINER_FILE
     trainer = check_trainer_state(decode_json(trainer_data, trainer_file), trainer_file)
     check_json_value(trainer, str(trainer_file))
@@ -225,23 +236,69 @@ def _read_up_to(handle: io.FileIO, count: int) -> bytes:
     return b"".join(parts)
 
 
-def _check_file_set(root: Path) -> None:
+def _check_file_set(root: Path) -> set[str]:
+    """The files in ``root``, refused unless every checkpoint holds them and no other file
+    could belong to one (which shard files a sharded one holds, its manifest says)."""
     try:
         present = set(os.listdir(root))
     except OSError as exc:
         raise CheckpointError(f"{root}: cannot list the checkpoint directory ({exc})") from exc
-    missing = sorted(ALL_FILES - present)
+    _check_listed(root, present, ALL_FILES | {n for n in present if is_checkpoint_file(n)})
+    return present
+
+
+def _check_listed(root: Path, present: set[str], expected: set[str] | frozenset[str]) -> None:
+    missing = sorted(expected - present)
     if missing:
         raise CheckpointError(
             f"{root}: missing {', '.join(missing)}; the checkpoint is incomplete — use an "
             "earlier checkpoint"
         )
-    extra = sorted(present - ALL_FILES)
+    extra = sorted(present - expected)
     if extra:
         raise CheckpointError(
             f"{root}: unexpected files {', '.join(extra)}; a checkpoint holds only "
-            f"{', '.join(sorted(ALL_FILES))} — move the others out of the directory"
+            f"{', '.join(sorted(expected))} — move the others out of the directory"
         )
+
+
+def _read_shards(
+    root: Path, manifest: dict[str, FileDigest], unreadable: list[CheckpointError]
+) -> dict[str, dict[str, np.ndarray]]:
+    """A sharded checkpoint's sharded tensors, whole: each worker's file is read (and checked
+    against the manifest) and its rows copied into place, one file at a time."""
+    layout_file = root / SHARDS_FILE
+    data = read_file(layout_file, MAX_JSON_BYTES)
+    if manifest:
+        _check_integrity(layout_file, data, manifest[SHARDS_FILE])
+    layout = ShardLayout.parse(data, layout_file)
+    listed = set(manifest) - set(DATA_FILES) - {SHARDS_FILE}
+    if manifest and listed != set(layout.files):
+        raise CheckpointError(
+            f"{layout_file}: names {layout.workers} workers' files, the manifest lists "
+            f"{sorted(listed)!r:.200}; the checkpoint is damaged — use an earlier checkpoint"
+        )
+    tensors: dict[str, dict[str, np.ndarray]] = {}
+    for kind in KINDS:
+        tensors[kind] = full = layout.assemble(kind)
+        for rank in range(layout.workers):
+            file = root / shard_file(kind, rank, layout.workers)
+            rows, problem = _read_tensors(file, manifest.get(file.name))
+            if problem is not None:
+                unreadable.append(problem)
+            else:
+                layout.fill(full, kind, rank, rows, str(file))
+    return tensors
+
+
+def _join(whole: dict[str, np.ndarray], sharded: dict[str, np.ndarray], file: Path) -> None:
+    clash = sorted(set(whole) & set(sharded))
+    if clash:
+        raise CheckpointError(
+            f"{file}: {clash[:3]} are stored both whole and in shards; the checkpoint is "
+            "damaged — use an earlier checkpoint"
+        )
+    whole.update(sharded)
 
 
 def _check_integrity(file: Path, data: bytes, expected: FileDigest) -> None:

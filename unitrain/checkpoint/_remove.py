@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from unitrain._errors import CheckpointError
-from unitrain.checkpoint._format import ALL_FILES, CheckpointWarning
+from unitrain.checkpoint._format import CheckpointWarning, is_checkpoint_file
 from unitrain.training._lock import LOCK_NAME, pid_running
 
 __all__ = [
@@ -120,7 +120,8 @@ def check_is_checkpoint_directory(target: Path, action: str) -> None:
             f"{target}: refusing to {action} it: it is a symlink or not a directory, so it is "
             "not a checkpoint; move it away or choose another path"
         )
-    unexpected = sorted(set(os.listdir(target)) - ALL_FILES - DESKTOP_FILES)
+    names = set(os.listdir(target)) - DESKTOP_FILES
+    unexpected = sorted(n for n in names if not is_checkpoint_file(n))
     if unexpected:
         raise CheckpointError(
             f"{target}: refusing to {action} it: it holds {unexpected}, which are not "

@@ -24,8 +24,8 @@ ranges follow one another from 0 to the full length (a worker may hold none: ``[
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,18 +33,10 @@ import numpy as np
 from unitrain._errors import CheckpointError
 from unitrain.checkpoint._format import SUPPORTED_DTYPES, check_tensor_name, decode_json
 
-__all__ = [
-    "SHARDS_FILE",
-    "RowShard",
-    "ShardLayout",
-    "is_shard_file",
-    "shard_file",
-]
+__all__ = ["KINDS", "RowShard", "ShardLayout", "shard_file"]
 
-SHARDS_FILE = "shards.json"
 #: The two kinds of state that are sharded, each with its files ``{kind}-RRRRR-of-NNNNN``.
 KINDS = ("model", "optimizer")
-_SHARD_FILE = re.compile(r"(model|optimizer)-(\d{5})-of-(\d{5})\.safetensors")
 
 
 class RowShard(NamedTuple):
@@ -84,11 +76,6 @@ def shard_file(kind: str, rank: int, workers: int) -> str:
     return f"{kind}-{rank:05d}-of-{workers:05d}.safetensors"
 
 
-def is_shard_file(name: str) -> bool:
-    """Whether ``name`` is a worker's shard file (``model-00001-of-00004.safetensors``)."""
-    return _SHARD_FILE.fullmatch(name) is not None
-
-
 class ShardLayout:
     """What ``shards.json`` records: per kind, each sharded tensor's dtype, full shape and the
     rows of each worker's file. Built by the writer from every worker's pieces
@@ -116,11 +103,12 @@ class ShardLayout:
         for kind in KINDS:
             names = sorted({name for worker in pieces for name in worker.get(kind, {})})
             for name in names:
-                held = [worker.get(kind, {}).get(name) for worker in pieces]
-                if any(h is None for h in held) or len({str(h[2:]) for h in held}) != 1:
+                found = [worker.get(kind, {}).get(name) for worker in pieces]
+                held = [h for h in found if h is not None]
+                if len(held) != len(found) or len({str(h[2:]) for h in held}) != 1:
                     raise CheckpointError(
                         f"sharded checkpoint: the workers disagree on {kind} tensor {name!r} "
-                        f"({held!r:.200}); every worker must hold rows of the same tensors"
+                        f"({found!r:.200}); every worker must hold rows of the same tensors"
                     )
                 shape, dtype = held[0][2], held[0][3]
                 tensors[kind][name] = {
@@ -138,9 +126,10 @@ class ShardLayout:
         return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("ascii")
 
     @classmethod
-    def parse(cls, data: bytes, where: str) -> ShardLayout:
+    def parse(cls, data: bytes, file: Path) -> ShardLayout:
         """Reads ``shards.json``, refusing anything but a whole, consistent layout."""
-        value = decode_json(data, where)  # type: ignore[arg-type]
+        where = str(file)
+        value = decode_json(data, file)
         if not isinstance(value, dict) or set(value) != {"workers", *KINDS}:
             raise _damaged(where, "must be an object with 'workers', 'model' and 'optimizer'")
         workers = value["workers"]

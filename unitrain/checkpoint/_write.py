@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from unitrain.checkpoint._format import (
     MANIFEST_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
+    SHARDS_FILE,
     TRAINER_FILE,
     FileDigest,
     encode_manifest,
@@ -171,6 +172,7 @@ class CheckpointWriter:
         callbacks: Mapping[str, np.ndarray] | None = None,
         then: Callable[[], None] | None = None,
         guard: Callable[[], None] | None = None,
+        shards: ShardFiles | None = None,
     ) -> Path:
         """Like :func:`save_checkpoint`, finishing in the background; ``then`` runs after.
 
@@ -179,6 +181,8 @@ class CheckpointWriter:
         worker thread just before the rename; an error it raises drops the checkpoint (the
         staged files are removed) and is raised by :meth:`wait`, as a failed step's is. The
         Trainer's checks that no other run has taken the folder since the save began.
+        ``shards``: the workers' files of a sharded checkpoint, already in their staging
+        directory (:func:`unitrain.checkpoint._write_shards.save_sharded_checkpoint`).
 
         Raises:
             CheckpointError: as :func:`save_checkpoint` for the writing (at once), or a
@@ -199,7 +203,9 @@ class CheckpointWriter:
         # Ctrl-C in the written half would drop this checkpoint; it is held until the
         # background thread has it (the run then waits for that thread before it ends).
         with _interrupts_deferred():
-            staged = _stage(Path(path), model, optimizer, trainer, callbacks, durable=False)
+            staged = _stage(
+                Path(path), model, optimizer, trainer, callbacks, durable=False, shards=shards
+            )
             self._thread = threading.Thread(target=finish, name="unitrain-checkpoint", daemon=True)
             self._thread.start()
         return staged.target
@@ -241,6 +247,15 @@ def _interrupts_deferred() -> Iterator[None]:
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class ShardFiles(NamedTuple):
+    """What the workers of a sharded save wrote before rank 0 finishes it: the staging
+    directory (:func:`new_staging`) their files are in, their digests, and ``shards.json``."""
+
+    staging: Path
+    digests: dict[str, FileDigest]
+    layout: bytes
+
+
 class _Staged:
     """A checkpoint whose files are written in a hidden staging directory, not yet in place."""
 
@@ -277,41 +292,65 @@ def _stage(
     callbacks: Mapping[str, np.ndarray] | None,
     *,
     durable: bool = True,
+    shards: ShardFiles | None = None,
 ) -> _Staged:
-    """Validates the state and writes its files into a new staging directory.
+    """Validates the state and writes its files into a new staging directory (or, for a
+    sharded checkpoint, into the one holding the workers' files).
 
     ``durable``: each file is also digested and fsynced here (else by :meth:`_Staged.commit`,
     which reads it back from the page cache, so the arrays may change once this returns).
     """
-    if not target.name or target.name.startswith("."):
-        raise CheckpointError(
-            f"{target}: a checkpoint name must not be empty or start with '.', since hidden "
-            "names are reserved for unfinished writes; choose another name"
-        )
+    check_checkpoint_name(target)
     payloads = {
         MODEL_FILE: encode_tensor_file(model, f"{target}: model state"),
         OPTIMIZER_FILE: encode_tensor_file(optimizer, f"{target}: optimizer state"),
         CALLBACKS_FILE: encode_tensor_file(callbacks or {}, f"{target}: callback state"),
         TRAINER_FILE: [memoryview(encode_trainer_state(trainer, f"{target}: trainer state"))],
     }
-    staging = target.parent / sibling_name(target.name, "tmp")
-    created = False
+    files: dict[str, FileDigest | None] = {}
+    if shards is not None:
+        payloads[SHARDS_FILE] = [memoryview(shards.layout)]
+        files.update(shards.digests)
+    staging = shards.staging if shards is not None else None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        check_is_checkpoint_directory(target, "replace")
-        os.mkdir(staging)
-        created = True
-        files: dict[str, FileDigest | None] = {}
+        staging = staging or new_staging(target)
         for name, buffers in payloads.items():
             files[name] = _write_file(staging / name, buffers, durable=durable)
             _pause_for_tests()
     except BaseException as exc:
-        if created:
+        if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, OSError):
             raise _save_failed(target, exc) from exc
         raise
     return _Staged(target, staging, files)
+
+
+def check_checkpoint_name(target: Path) -> None:
+    """Refuses a checkpoint path whose name is empty or hidden."""
+    if not target.name or target.name.startswith("."):
+        raise CheckpointError(
+            f"{target}: a checkpoint name must not be empty or start with '.', since hidden "
+            "names are reserved for unfinished writes; choose another name"
+        )
+
+
+def new_staging(target: Path) -> Path:
+    """A new hidden staging directory beside ``target`` (parents created), once ``target``
+    is known to be absent or a checkpoint that may be replaced.
+
+    Raises:
+        CheckpointError: ``target`` holds something else, or the directory cannot be made.
+    """
+    check_checkpoint_name(target)
+    staging = target.parent / sibling_name(target.name, "tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        check_is_checkpoint_directory(target, "replace")
+        os.mkdir(staging)
+    except OSError as exc:
+        raise _save_failed(target, exc) from exc
+    return staging
 
 
 def _save_failed(target: Path, exc: OSError) -> CheckpointError:

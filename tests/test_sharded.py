@@ -28,7 +28,7 @@ from unitrain.backends.protocol import BackendOptions
 from unitrain.backends.registry import get_backend
 from unitrain.backends.sharded import SHARD_ENV, Sharded, ShardingUnsupported
 from unitrain.backends.strategy import strategy_for
-from unitrain.checkpoint import list_checkpoints
+from unitrain.checkpoint import list_checkpoints, load_checkpoint
 from unitrain.cli._main import _parser
 from unitrain.cli._train import train
 from unitrain.conformance import check_backend
@@ -168,7 +168,9 @@ def test_torch_sharded_over_one_worker_equals_unsharded_and_resumes_either_way(
     for key, value in expected.items():  # the same float64 sums: equal to rounding
         np.testing.assert_allclose(state[key], value, rtol=1e-12, atol=1e-14, err_msg=key)
 
-    first = list_checkpoints(tmp_path / "sharded")[0]  # after epoch 1, full tensors
+    first = list_checkpoints(tmp_path / "sharded")[0]  # after epoch 1, the worker's rows
+    assert (first / "model-00000-of-00001.safetensors").is_file()
+    assert (first / "shards.json").is_file()
     resumed = _fit(tmp_path / "resumed", None, resume=first)
     for key, value in state.items():
         np.testing.assert_allclose(resumed.backend.state_dict()[key], value, rtol=1e-12)
@@ -275,3 +277,59 @@ def test_two_sharded_workers_clip_and_skip_on_the_global_gradient(tmp_path):
         for key in one.files:
             if key.startswith(("model.", "optimizer.")):  # float32: ~1 ulp an update
                 np.testing.assert_allclose(two[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.harness  # five launches of up to four torch workers: about two minutes
+def test_four_sharded_workers_checkpoint_resumes_on_four_two_and_one_and_survives_a_kill(
+    tmp_path,
+):
+    """Each of 4 workers writes its own rows; the checkpoint resumes on 4 workers bit for
+    bit, on 2 sharded workers and on one process to float64 rounding; a worker killed while
+    a checkpoint is written leaves the one before it the newest, valid and resumable."""
+    pytest.importorskip("torch")
+    script = str(Path(__file__).parent / "_sharded_resume_run.py")
+    distributed = importlib.import_module("unitrain.backends.torch.distributed")
+    env = {**os.environ, SHARD_ENV: "1", "OMP_NUM_THREADS": "1"}
+
+    def run(out: Path, workers: int, *args: str, **extra: str) -> subprocess.CompletedProcess:
+        launch = [*distributed.launch_command(workers)] if workers > 1 else [sys.executable]
+        return subprocess.run(
+            [*launch, script, str(out), *args],
+            timeout=600,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+        )
+
+    def final(out: Path) -> dict[str, np.ndarray]:
+        with np.load(out / "final.npz") as saved:
+            return dict(saved)
+
+    whole = run(tmp_path / "whole", 4)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = final(tmp_path / "whole")
+    first = list_checkpoints(tmp_path / "whole" / "checkpoints")[0]
+    assert json.loads((first / "shards.json").read_text())["workers"] == 4
+    assert (first / "model-00003-of-00004.safetensors").is_file()
+
+    killed = run(tmp_path / "killed", 4, "none", "2", UNITRAIN_CHECKPOINT_WRITE_DELAY="0.3")
+    assert killed.returncode != 0
+    folder = tmp_path / "killed" / "checkpoints"
+    [newest] = list_checkpoints(folder)  # epoch 2's never appeared
+    assert newest.name == first.name
+    load_checkpoint(newest)  # whole and verified
+    resumed = run(tmp_path / "killed", 4, "latest")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = final(tmp_path / "killed")
+    for key, value in expected.items():  # the same workers, the same sums: bit for bit
+        np.testing.assert_array_equal(again[key], value, err_msg=key)
+
+    for workers in (2, 1):
+        out = tmp_path / f"on{workers}"
+        done = run(out, workers, str(first), **({} if workers > 1 else {SHARD_ENV: "0"}))
+        assert done.returncode == 0, done.stderr[-3000:]
+        state = final(out)
+        assert int(state["world"]) == workers
+        for key, value in expected.items():  # other sums of the same batch: float64 rounding
+            if key != "world":
+                np.testing.assert_allclose(state[key], value, rtol=1e-12, atol=1e-14, err_msg=key)

@@ -199,3 +199,17 @@ def _leave_a_gap(file: Path) -> None:
     layout = json.loads(file.read_text())
     layout["model"]["model.w"]["rows"][1][0] += 1
     file.write_text(json.dumps(layout))
+
+
+def test_inspect_shows_the_workers_files_and_each_tensor_s_rows(tmp_path, capsys):
+    from unitrain.cli import main
+
+    save_on_workers(tmp_path / "ckpt", 4)
+    assert main(["inspect", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert "shards: written by 4 workers" in out
+    assert "optimizer-00003-of-00004.safetensors" in out
+    assert any("model.w" in line and "rows 3|3|3|1" in line for line in out.splitlines())
+    assert any("model.b" in line and "rows 1|1|0|0" in line for line in out.splitlines())
+    step = [line for line in out.splitlines() if "optimizer.step" in line]
+    assert step and "rows" not in step[0]  # written whole by rank 0

@@ -127,15 +127,38 @@ def _inspect(args: argparse.Namespace) -> int:
     }
     for line in json.dumps(summary, indent=2, default=str).splitlines():
         print(_printable(line))
+    split = _shards(path)
     for title, tensors in (("model", checkpoint.model), ("optimizer", checkpoint.optimizer)):
         print(f"{title}: {len(tensors)} tensors")
         for name, array in tensors.items():
-            print(f"  {_printable(name):40s} {array.dtype!s:8s} {tuple(array.shape)}")
+            rows = split.get(title, {}).get(name, "")
+            line = f"  {_printable(name):40s} {array.dtype!s:8s} {tuple(array.shape)!s:14s} {rows}"
+            print(line.rstrip())
     history = info.get("history")
     if isinstance(history, list) and history:  # the checkpoint may not come from unitrain
         last = _printable(json.dumps(history[-1], default=str))
         print(f"history: {len(history)} epochs; last: {last}")
     return 0
+
+
+def _shards(path: Path) -> dict[str, dict[str, str]]:
+    """For a sharded checkpoint (already verified): prints its workers' files and returns,
+    per kind and tensor, how many rows each worker's file holds ("rows 3|3|3|1")."""
+    from unitrain.checkpoint._shards import ShardLayout
+
+    if not (path / "shards.json").is_file():
+        return {}
+    layout = ShardLayout.parse((path / "shards.json").read_bytes(), path / "shards.json")
+    print(f"shards: written by {layout.workers} workers, each to its own files")
+    for name in layout.files:
+        print(f"  {name:40s} {(path / name).stat().st_size:>12,d} bytes")
+    return {
+        kind: {
+            name: "rows " + "|".join(str(stop - start) for start, stop in entry["rows"])
+            for name, entry in entries.items()
+        }
+        for kind, entries in layout.tensors.items()
+    }
 
 
 def _inspect_folder(folder: Path) -> int:

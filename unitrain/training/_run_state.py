@@ -103,10 +103,12 @@ def join_snapshot(run: Run) -> None:
         run.run_state()
 
 
-def snapshot(run: Run) -> dict[str, Any]:
+def snapshot(run: Run, *, local: bool = False) -> dict[str, Any]:
     """The state of the run now, as the keyword arguments of ``save_checkpoint``: ``trainer``
-    (the trainer.json state), ``model``, ``optimizer`` and ``callbacks`` (arrays)."""
-    model, optimizer = split_state(run.backend.state_dict())
+    (the trainer.json state), ``model``, ``optimizer`` and ``callbacks`` (arrays). ``local``:
+    each sharded tensor as this worker's rows (the backend's ``local_state_dict``)."""
+    tensors = run.backend.local_state_dict() if local else run.backend.state_dict()
+    model, optimizer = split_state(tensors)
     state = run.run_state()  # over all workers: resumable on any number
     callback_tensors: dict[str, Any] = {}
     callback_states = pack_tensors(run.callbacks.state_dict(), "callbacks", callback_tensors)

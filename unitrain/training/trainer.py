@@ -10,7 +10,6 @@ points, checkpoints and epoch ends.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -30,7 +29,6 @@ from unitrain.checkpoint import (
     checkpoint_name,
     list_checkpoints,
     remove_leftovers,
-    save_checkpoint,
 )
 from unitrain.data import BatchSource, as_batch_source, check_source
 from unitrain.metrics import resolve_metrics
@@ -41,9 +39,10 @@ from unitrain.training import _inference, rng
 from unitrain.training._evaluation import evaluate
 from unitrain.training._fit_loop import FitLoop
 from unitrain.training._lineage import Lineage, claim_folders, lineage_for
-from unitrain.training._lock import RunLock, check_locks, confirm_locks, locked
+from unitrain.training._lock import RunLock, check_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
-from unitrain.training._run_state import RunState, TrainState, join_snapshot, restore, snapshot
+from unitrain.training._run_state import RunState, TrainState, restore
+from unitrain.training._saving import save_run
 from unitrain.training.config import TrainerConfig
 
 __all__ = ["RunState", "TrainState", "Trainer"]
@@ -333,26 +332,14 @@ class Trainer(FitLoop):
             then: called once the checkpoint is in place (on the background thread, with
                 ``background``); where older checkpoints can be deleted safely.
 
-        Under several workers every worker calls this (the running loss is summed over them,
-        a sharded model gathered); rank 0 writes, and the others wait until it has.
+        Under several workers every worker calls this (the running loss is summed over
+        them); rank 0 writes, and the others wait until it has. Sharded workers each write
+        their own rows of the model and optimizer state (a gather where the engine cannot).
         """
         self._last_save = (self.state.step, Path(path))  # on every worker: they decide alike
-        if not self.strategy.is_main:
-            join_snapshot(self)  # rank 0's sums the running loss (and gathers a sharded model)
-            self.strategy.barrier()
-            return Path(path)
-        check_locks(self._locks)  # never write where another run has taken over
-        state = snapshot(self)
-        if background:  # installed only if no other run has taken the folder meanwhile
-            guard = functools.partial(confirm_locks, self._locks)
-            saved = self._writer.save(path, then=then, guard=guard, **state)
-        else:
-            self._writer.wait()
-            saved = save_checkpoint(path, **state)
-            if then is not None:
-                then()
-        self.strategy.barrier()
-        return saved
+        return save_run(
+            self, Path(path), self._writer, self._locks, background=background, then=then
+        )
 
     def wait_for_checkpoints(self) -> None:
         """Return once every checkpoint save started in the background is durable (a

@@ -333,3 +333,16 @@ def test_four_sharded_workers_checkpoint_resumes_on_four_two_and_one_and_survive
         for key, value in expected.items():  # other sums of the same batch: float64 rounding
             if key != "world":
                 np.testing.assert_allclose(state[key], value, rtol=1e-12, atol=1e-14, err_msg=key)
+
+
+def test_a_model_whose_output_is_a_view_trains_sharded_without_a_warning(one_worker_group):
+    """FSDP2 hooks its backward on the forward's output and warns when that is a view (a
+    Transformer's logits come out of a reshape); pytest makes the warning an error here."""
+    from unitrain.models import Embedding, Linear, Sequential, TransformerBlock
+
+    model = Sequential([Embedding(11, 8), TransformerBlock(8, 2, causal=True), Linear(8, 11)])
+    config = TrainerConfig(epochs=1, batch_size=4, dtype="float32", seed=0)
+    trainer = Trainer(model, backend="torch", config=config, strategy=Sharded(1))
+    tokens = np.random.default_rng(0).integers(0, 11, (8, 6))
+    trainer.fit((tokens, np.roll(tokens, -1, axis=1)))
+    assert trainer.state.step == 2

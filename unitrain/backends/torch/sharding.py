@@ -36,6 +36,7 @@ from unitrain import ConfigError
 from unitrain.backends.torch.core import to_numpy
 from unitrain.backends.torch.distributed import TorchDDP
 from unitrain.checkpoint import RowShard
+from unitrain.structure import map_leaves
 
 __all__ = ["TorchSharded", "global_finite_check", "local_rows", "placed_like"]
 
@@ -80,7 +81,15 @@ class TorchSharded(TorchDDP):
         backend.shard(self.shard_module, self.world_size, self.rank)
 
     def shard_module(self, module: torch.nn.Module) -> None:
-        """``fully_shard(module)`` in place: its parameters become sharded ``DTensor``\\ s."""
+        """``fully_shard(module)`` in place: its parameters become sharded ``DTensor``\\ s.
+
+        FSDP2 hooks its backward (which gathers the parameters again) on the forward's
+        output, and warns when that is a view, as an in-place op on a view would drop the
+        hook. A portable model's output often is one (logits out of a reshape), so a hook
+        registered first hands FSDP a copy: one copy of the output per pass, and no op of
+        the caller's can lose the gather.
+        """
+        module.register_forward_hook(_not_a_view)
         fully_shard(module)
 
     def exchange(self, value: Any) -> list[Any]:
@@ -88,6 +97,10 @@ class TorchSharded(TorchDDP):
         values: list[Any] = [None] * self.world_size
         dist.all_gather_object(values, value)
         return values
+
+
+def _not_a_view(module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+    return map_leaves(lambda t: t.clone() if t._is_view() else t, output)
 
 
 def local_rows(tensor: torch.Tensor) -> np.ndarray | RowShard:

@@ -16,9 +16,11 @@ torchrun started; JAX's ``NamedSharding`` over one process's local devices. A ba
 cannot shard says why (:func:`sharded_strategy_for`;
 TensorFlow's own reason in its backend).
 
-Checkpoints keep the one-directory format: the backend's ``state_dict()`` gathers the full
-tensors (every worker takes part), and rank 0 writes them, so a sharded run's checkpoint
-resumes on any worker count, sharded or not, and on any backend.
+Checkpoints keep the one-directory format, with no gather where the engine allows: each
+worker writes its own rows of the sharded tensors (the backend's ``local_state_dict`` and
+the strategy's ``exchange``; see :mod:`unitrain.training._saving`), so a sharded run's
+checkpoint never passes through one process, and it resumes on any worker count, sharded or
+not, and on any backend. JAX, which shards within one process, writes full tensors.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ A checkpoint directory holds exactly five files:
   checkpoints of format version 1, which still load); it detects damage, it is not a
   signature (see ``unitrain/checkpoint/_digest.py`` for why XXH3-64).
 
+A sharded run's checkpoint adds each worker's rows of the sharded tensors, in files of its
+own, and ``shards.json`` (see :mod:`unitrain.checkpoint._shards`); it loads whole, as any other.
+
 Tensors stream between the arrays' memory and the files, digested chunk by chunk as they
 pass, so saving and loading copy each byte once. This layer is pure storage and knows nothing
 of the Trainer. Nothing here uses pickle, and every problem raises

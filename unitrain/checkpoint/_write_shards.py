@@ -158,7 +158,7 @@ def _write_rows(
             for kind in KINDS:
                 name = shard_file(kind, workers.rank, workers.world_size)
                 rows = {k: v for k, v in state[kind].items() if isinstance(v, RowShard)}
-                where = f"{staging.name}/{name}"
+                where = name
                 values = {k: to_storable_array(k, v.value, where) for k, v in rows.items()}
                 buffers = encode_tensor_file(values, where)
                 digest = _write_file(staging / name, buffers)

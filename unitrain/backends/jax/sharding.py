@@ -13,7 +13,10 @@ computed by the same compiled step on the global arrays.
 To the Trainer it is one worker. On the CPU the devices come from
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, set before JAX starts
 (:func:`.distributed.local_devices_environment`). Across launched processes JAX is not
-sharded here: openxla/xla#16430 (that flag with multi-process CPU collectives) crashes.
+sharded yet: that needs each update as one program over a mesh spanning the processes, where
+launched workers run one program each and sum gradients (:mod:`.distributed`); several forced
+host devices in each of several processes, the cheap CPU test of it, crash in XLA's CPU
+collectives (openxla/xla#16430).
 """
 
 from __future__ import annotations

@@ -58,9 +58,10 @@ from unitrain.structure import first_leaf, is_plain_pair, map_leaves, num_exampl
 __all__ = ["TorchBackend", "reads_flag_on_host"]
 
 
-class TorchBackend(UpdateLoops):
+class TorchBackend:
     """PyTorch implementation of the :class:`unitrain.backends.protocol.Backend` protocol, with the
-    fused, multi-step and data-on-device calls of :class:`.loops.UpdateLoops`."""
+    fused call and the multi-step and data-on-device calls of a :class:`.loops.UpdateLoops` it
+    holds (``loops``)."""
 
     name = "torch"
     #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
@@ -124,6 +125,7 @@ class TorchBackend(UpdateLoops):
         self._loss: torch.Tensor | None = None  # the last forward's, until backward
         self._step = 0  # updates applied: the optimizer's step
         self._numbers = UpdateNumbers()  # the dropout key's (step, micro_batch)
+        self.loops = UpdateLoops(self._tensors, self._update_on, self._numbers)
         self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
         self._skipped = 0
         # CPU float32/float64 batches from numpy are used as they are (torch.from_numpy).
@@ -203,6 +205,37 @@ class TorchBackend(UpdateLoops):
         """Train-mode forward; returns the loss detached from the graph (no host sync)."""
         key = self._numbers.forward(step, micro_batch)
         return self._forward_tensors(*self._tensors(batch), key)
+
+    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> torch.Tensor:
+        """``forward(batch, step=step, micro_batch=0); backward(); step(lr)``; returns the
+        loss (no host sync)."""
+        loss = self.forward(batch, step=step, micro_batch=0)
+        self.backward()
+        self.step(lr)
+        return loss
+
+    def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> torch.Tensor:
+        """``k`` updates, equal to ``k`` :meth:`train_step` calls (see :class:`.UpdateLoops`)."""
+        return self.loops.train_steps(batches, lrs, step=step)
+
+    def set_device_data(self, inputs: Any, targets: Any) -> None:
+        """Put a whole training set on the device once, for :meth:`train_steps_on_device`."""
+        self.loops.set_device_data(inputs, targets)
+
+    def train_steps_on_device(
+        self, indices: Any, lrs: Any, *, step: int | None = None
+    ) -> torch.Tensor:
+        """``k`` updates on batches gathered by index from the device's training set."""
+        return self.loops.train_steps_on_device(indices, lrs, step=step)
+
+    def _update_on(
+        self, x: torch.Tensor, y: torch.Tensor, lr: float, key: tuple[int, int]
+    ) -> torch.Tensor:
+        """One update on converted tensors, dropout keyed by ``key``; returns the loss."""
+        loss = self._forward_tensors(x, y, key)
+        self.backward()
+        self.step(lr)
+        return loss
 
     def _forward_tensors(
         self, x: torch.Tensor, y: torch.Tensor, key: tuple[int, int]

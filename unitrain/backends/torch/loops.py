@@ -1,19 +1,26 @@
-"""Updates the Trainer makes in one call: ``train_step``, ``train_steps``, and the training set
-kept on the device (``set_device_data`` with ``train_steps_on_device``).
+"""Several updates the Trainer makes in one call: ``train_steps``, and the training set kept on
+the device (``set_device_data`` with ``train_steps_on_device``).
 
-Eager torch has no compiled step to fuse, so each of these runs the plain ``forward;
-backward; step`` on tensors that are already where they belong; what they save is host work
-per update. ``train_steps`` converts (on a GPU: copies) its ``k`` batches in one go. With
-``TrainerConfig(data_on_device=True)`` the training set is copied to the device once and each
-update gathers its batch there by index (``index_select``): one copy of a ``(k, batch)``
-index array per call replaces ``k`` gathers on the host and ``k`` batch copies, the host work
-a GPU otherwise waits for (issue 14). Each equals the same updates made one by one, dropout
-masks included; the kit's ``fused`` family checks all three.
+Eager torch has no compiled step to fuse, so each of these (and the backend's
+``train_step``) runs the plain ``forward; backward; step`` on tensors that are already where
+they belong; what they save is host work per update. ``train_steps`` converts (on a GPU:
+copies) its ``k`` batches in one go. With ``TrainerConfig(data_on_device=True)`` the training
+set is copied to the device once and each update gathers its batch there by index
+(``index_select``): one copy of a ``(k, batch)`` index array per call replaces ``k`` gathers
+on the host and ``k`` batch copies, the host work a GPU otherwise waits for (issue 14). Each
+equals the same updates made one by one, dropout masks included; the kit's ``fused`` family
+checks all three.
+
+:class:`UpdateLoops` is a part the backend holds and calls: it is built from the three things
+it needs (the backend's batch conversion, its update on converted tensors, and the dropout
+key's numbers it shares with the backend) and keeps one piece of state of its own, the
+training set on the device.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,38 +30,32 @@ from unitrain.backends.protocol import Batch, UpdateNumbers
 
 __all__ = ["UpdateLoops"]
 
+#: ``update(x, y, lr, key) -> loss``: one update on converted tensors, dropout keyed by
+#: ``key = (step, micro_batch)``.
+Update = Callable[[torch.Tensor, torch.Tensor, float, tuple[int, int]], torch.Tensor]
+
 
 class UpdateLoops:
-    """What :class:`~.backend.TorchBackend` offers beyond the three calls: the ``FusedStep``,
-    ``MultiStep`` and ``DeviceData`` protocols of :mod:`unitrain.backends.protocol`."""
+    """Several updates in one call: the ``MultiStep`` and ``DeviceData`` protocols of
+    :mod:`unitrain.backends.protocol`, for :class:`~.backend.TorchBackend`.
 
-    _device_data: tuple[torch.Tensor, torch.Tensor] | None = None
+    Args:
+        convert: the backend's conversion of a batch to checked tensors on its device.
+        update: one update on converted tensors (forward, backward, step).
+        numbers: the dropout key's numbers, shared with the backend.
+    """
 
-    if TYPE_CHECKING:  # the backend's own, used here
-
-        def _tensors(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-        _numbers: UpdateNumbers
-
-        def forward(
-            self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
-        ) -> torch.Tensor: ...
-        def _forward_tensors(
-            self, x: torch.Tensor, y: torch.Tensor, key: tuple[int, int]
-        ) -> torch.Tensor: ...
-        def backward(self, scale: float = 1.0) -> None: ...
-        def step(self, lr: float) -> None: ...
-
-    def train_step(self, batch: Batch, lr: float, *, step: int | None = None) -> torch.Tensor:
-        """``forward(batch, step=step, micro_batch=0); backward(); step(lr)``; returns the
-        loss (no host sync)."""
-        loss = self.forward(batch, step=step, micro_batch=0)
-        self.backward()
-        self.step(lr)
-        return loss
+    def __init__(
+        self,
+        convert: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]],
+        update: Update,
+        numbers: UpdateNumbers,
+    ) -> None:
+        self._convert, self._update, self._numbers = convert, update, numbers
+        self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def train_steps(self, batches: Batch, lrs: Any, *, step: int | None = None) -> torch.Tensor:
-        """``k`` updates, equal to ``k`` :meth:`train_step` calls.
+        """``k`` updates, equal to ``k`` ``train_step`` calls.
 
         Args:
             batches: ``(xs, ys)`` stacked along a new leading axis of length ``k``.
@@ -66,7 +67,7 @@ class UpdateLoops:
         """
         xs, ys = batches
         k = len(xs)
-        x, y = self._tensors((_merged(xs), _merged(ys)))  # one conversion for all k batches
+        x, y = self._convert((_merged(xs), _merged(ys)))  # one conversion for all k batches
         x, y = x.unflatten(0, (k, -1)), y.unflatten(0, (k, -1))
         first = self._numbers.at(step)
         return _losses(
@@ -75,7 +76,7 @@ class UpdateLoops:
 
     def set_device_data(self, inputs: Any, targets: Any) -> None:
         """Put a whole training set on the device once, for :meth:`train_steps_on_device`."""
-        self._device_data = self._tensors((inputs, targets))
+        self._device_data = self._convert((inputs, targets))
 
     def train_steps_on_device(
         self, indices: Any, lrs: Any, *, step: int | None = None
@@ -89,7 +90,7 @@ class UpdateLoops:
 
         Returns:
             The ``k`` losses as one device tensor (see :func:`_losses`); equal to
-            :meth:`train_step` on the same batches.
+            ``train_step`` on the same batches.
         """
         if self._device_data is None:
             raise ConfigError(
@@ -114,10 +115,7 @@ class UpdateLoops:
     def _update_on(self, x: torch.Tensor, y: torch.Tensor, lr: float, step: int) -> torch.Tensor:
         """Update ``step`` on tensors already converted and checked (once for the whole
         call)."""
-        loss = self._forward_tensors(x, y, self._numbers.forward(step, 0))
-        self.backward()
-        self.step(lr)
-        return loss
+        return self._update(x, y, lr, self._numbers.forward(step, 0))
 
 
 def _losses(losses: list[torch.Tensor]) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from unitrain.backends.tensorflow import TensorFlowBackend
+from unitrain.backends.tensorflow.compiled import CompiledSteps
 from unitrain.backends.tensorflow.distributed import TensorFlowDistributed
 
 
@@ -34,11 +35,15 @@ class TensorFlowPerReplicaMean(TensorFlowBackend):
         return _PerWorkerMean.from_environment()
 
 
+class _OwnMeanSteps(CompiledSteps):
+    def slice_loss_and_grads(
+        self, x: Any, y: Any, micro_batch: Any, global_size: Any = None
+    ) -> Any:
+        return super().slice_loss_and_grads(x, y, micro_batch)  # the slice's own mean
+
+
 class TensorFlowMirroredPerReplicaMean(TensorFlowBackend):
     """MirroredStrategy over local devices summing the replicas' own mean losses' gradients
     (each replica's loss not scaled to its share of the global batch)."""
 
-    def _slice_loss_and_grads(
-        self, x: Any, y: Any, micro_batch: Any, global_size: Any = None
-    ) -> Any:
-        return super()._slice_loss_and_grads(x, y, micro_batch)  # the slice's own mean
+    compiled_steps = _OwnMeanSteps

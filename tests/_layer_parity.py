@@ -92,9 +92,9 @@ def jax_layer(layer: Any, x: Any, params: dict, state: dict, projection: np.ndar
     """JAX's native layer in float32 on CPU, differentiated by ``jax.vjp``."""
     import jax
 
-    from unitrain.backends.jax.layers import layers_apply
+    from unitrain.backends.jax.layers import PortableModule
 
-    apply = layers_apply(layer)
+    apply = PortableModule(layer)
     cpu = jax.devices("cpu")[0]
     params_, state_ = jax.device_put((params, state), cpu)
 
@@ -120,9 +120,9 @@ def tensorflow_layer(
     """TensorFlow's native layer in float32, differentiated by a ``GradientTape``."""
     import tensorflow as tf
 
-    from unitrain.backends.tensorflow.layers import TFPortable
+    from unitrain.backends.tensorflow.layers import PortableModule
 
-    module = TFPortable(layer, params, state, tf.float32)
+    module = PortableModule(layer, params, state, tf.float32)
     inputs = tf.constant(x)
     variables = list(module.named_variables().values())
     with tf.GradientTape() as tape:

@@ -32,7 +32,7 @@ SHARED = {
 OWN = {
     "torch": {
         "kernels": "which fused kernels compute correctly here; the device-side skip",
-        "loops": "the fused and multi-step calls, eager torch having no compiled step",
+        "loops": "the multi-step and device-data calls, a part the backend holds",
         "sharding": "sharded training on FSDP2 (TensorFlow has no sharding engine: it refuses)",
     },
     "jax": {
@@ -41,7 +41,10 @@ OWN = {
         "state": "the device state's canonical checkpoint layout",
         "sharding": "the device state placed with NamedSharding over local devices",
     },
-    "tensorflow": {"compiled": "the traced graphs of an update"},
+    "tensorflow": {
+        "compiled": "the traced graphs of an update and the variables they update",
+        "tracing": "the cache of traced functions, batch axes left unknown",
+    },
 }
 
 

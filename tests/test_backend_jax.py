@@ -439,11 +439,11 @@ def keyed_dropout(x, rng, k, p):
 
 
 def test_dropout_masks_are_keyed_as_they_always_were():
-    # Under random="native" (layers_apply's default, BackendOptions.random="native"), seeded
+    # Under random="native" (PortableModule's default, BackendOptions.random="native"), seeded
     # runs and the paper results reproduce only if every mask is the one drawn before the
     # layers ran through the core's forward: a bare MLP keyed by its hidden layer index from
     # 0, every other model by the dropout's place in the run from 1.
-    from unitrain.backends.jax.layers import layers_apply
+    from unitrain.backends.jax.layers import PortableModule
     from unitrain.models import Dropout, Linear, ReLU, Sequential
 
     rng, x = jax.random.key(3), jnp.asarray(batch(1)[0])
@@ -455,29 +455,39 @@ def test_dropout_masks_are_keyed_as_they_always_were():
 
     h = keyed_dropout(jax.nn.relu(dense(x, 0)), rng, 0, 0.3)
     h = keyed_dropout(jax.nn.relu(dense(h, 1)), rng, 1, 0.3)
-    out, _ = layers_apply(mlp)(params, {}, x, train=True, rng=rng)
+    out, _ = PortableModule(mlp)(params, {}, x, train=True, rng=rng)
     np.testing.assert_allclose(out, dense(h, 2), rtol=1e-6, atol=1e-6)
 
     chain = Sequential([Linear(8, 16), Dropout(0.5), ReLU(), Dropout(0.25)])
     weights = {k: jnp.asarray(v) for k, v in chain.init_params(0).items()}
     h = keyed_dropout(x @ weights["0.weight"] + weights["0.bias"], rng, 1, 0.5)
-    out, _ = layers_apply(chain)(weights, {}, x, train=True, rng=rng)
+    out, _ = PortableModule(chain)(weights, {}, x, train=True, rng=rng)
     np.testing.assert_allclose(out, keyed_dropout(jax.nn.relu(h), rng, 2, 0.25), rtol=1e-6)
 
 
 def test_mlp_apply_is_a_deprecated_alias_of_the_generic_apply():
-    from unitrain.backends.jax.layers import layers_apply
+    from unitrain.backends.jax.layers import PortableModule
     from unitrain.backends.jax.model import mlp_apply
 
     model = MLP((8, 16, 4), dropout=0.5)
     params = {k: jnp.asarray(v) for k, v in model.init_params(0).items()}
     x, rng = jnp.asarray(batch(0)[0]), jax.random.key(1)
-    with pytest.warns(DeprecationWarning, match="layers_apply"):
+    with pytest.warns(DeprecationWarning, match="PortableModule"):
         apply = mlp_apply(model)
-    expected, _ = layers_apply(model)(params, {}, x, train=True, rng=rng)
+    expected, _ = PortableModule(model)(params, {}, x, train=True, rng=rng)
     assert np.array_equal(apply(params, x, train=True, rng=rng), expected)
-    evaluated, _ = layers_apply(model)(params, {}, x, train=False, rng=None)
+    evaluated, _ = PortableModule(model)(params, {}, x, train=False, rng=None)
     assert np.array_equal(apply(params, x, train=True, rng=None), evaluated)  # no key: no drop
+
+
+def test_layers_apply_is_the_deprecated_name_of_portable_module():
+    from unitrain.backends.jax import layers
+
+    with pytest.warns(DeprecationWarning, match="use unitrain.backends.jax.layers.PortableModule"):
+        old = layers.layers_apply
+    assert old is layers.PortableModule
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        layers.missing  # noqa: B018
 
 
 def test_a_layer_the_backend_never_heard_of_trains_like_the_reference():

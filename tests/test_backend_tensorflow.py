@@ -345,7 +345,8 @@ def test_changing_lr_scale_and_batch_size_does_not_retrace() -> None:
     expected = {"train_step": 1, "forward": 1, "accumulate": 1, "step": 1, "evaluate": 1}
     assert dict(backend.trace_counts) == expected
     # TensorFlow's own count agrees with ours.
-    assert sum(f.experimental_get_tracing_count() for f in backend._polymorphic.values()) == 5
+    traced = backend.compiled.traces.polymorphic.values()
+    assert sum(f.experimental_get_tracing_count() for f in traced) == 5
     # Inputs are cast to the backend's dtypes first, so float64 data or int32 labels share it.
     x, y = _batch(0, 8)
     backend.train_step((x.astype(np.float64), y.astype(np.int32)), 0.2)
@@ -567,7 +568,7 @@ def test_dropout_masks_are_stateless_draws_keyed_by_their_place_in_the_pass() ->
     x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)))
     mlp = models.MLP((4, 8, 8, 3), dropout=0.5)
     for spec, first in ((mlp, 0), (_users_model(mlp), 1)):
-        module = tf_backend.layers.TFPortable(spec, spec.init_params(0), {}, tf.float64)
+        module = tf_backend.layers.PortableModule(spec, spec.init_params(0), {}, tf.float64)
         out, h = module(x, training=True, key=key), x
         weights = {k: v.numpy() for k, v in module.named_variables().items()}
         for i in range(3):
@@ -575,9 +576,12 @@ def test_dropout_masks_are_stateless_draws_keyed_by_their_place_in_the_pass() ->
             if i < 2:
                 h = tf.nn.relu(h) * mask(first + i, h)
         np.testing.assert_allclose(out.numpy(), h.numpy(), rtol=1e-12)
-    with pytest.warns(DeprecationWarning, match="TFPortable"):
+    with pytest.warns(DeprecationWarning, match="PortableModule"):
         old = tf_backend.model.TFMLP(PARITY_MODEL, PARITY_MODEL.init_params(0), tf.float32)
     assert list(old.named_variables()) == list(PARITY_MODEL.param_shapes())
+    with pytest.warns(DeprecationWarning, match="use unitrain.backends.tensorflow.layers.Port"):
+        renamed = tf_backend.layers.TFPortable
+    assert renamed is tf_backend.layers.PortableModule
 
 
 def _users_model(mlp: models.MLP) -> models.AbstractLayer:

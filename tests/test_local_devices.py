@@ -52,12 +52,16 @@ _TENSORFLOW = """
 import numpy as np
 from unitrain import ConfigError
 from unitrain.backends.tensorflow import LocalDevices, TensorFlowBackend
+from unitrain.backends.tensorflow.compiled import CompiledSteps
 devices = LocalDevices(2)  # before TensorFlow's runtime starts
 from unitrain.recipes import default_trainer
 
+class OwnMeanSteps(CompiledSteps):
+    def slice_loss_and_grads(self, x, y, micro_batch, global_size=None):
+        return super().slice_loss_and_grads(x, y, micro_batch)  # the mean of the slice
+
 class PerReplicaMean(TensorFlowBackend):
-    def _slice_loss_and_grads(self, x, y, micro_batch, global_size=None):
-        return super()._slice_loss_and_grads(x, y, micro_batch)  # the mean of the slice
+    compiled_steps = OwnMeanSteps
 
 def run(strategy, backend="tensorflow", epochs=2):
     trainer, train, val = default_trainer(
@@ -73,7 +77,7 @@ def relative(first, second):
     return float(np.sqrt(squares / sum(np.sum(b[k] ** 2.0) for k in keys)))
 
 two, one = run(devices), run(None)
-mirrored = two.backend._mirrored
+mirrored = two.backend.compiled.mirrored
 assert mirrored.num_replicas_in_sync == 2
 assert [d.split(":")[-2:] for d in mirrored.extended.worker_devices] == [["CPU", "0"], ["CPU", "1"]]
 difference = relative(two, one)

@@ -1,7 +1,7 @@
 """The JAX backend: jitted pure functions over a params pytree, optax optimizers.
 
 Models are portable :mod:`unitrain.models` layers, built-in or a user's own (canonical names,
-portable checkpoints; run by :func:`.layers.layers_apply`), or a native :class:`JaxModel`
+portable checkpoints; run by :class:`.layers.PortableModule`), or a native :class:`JaxModel`
 (with or without model state) / ``(apply, params)`` pair. Everything the
 training loop changes — params, model state (BatchNorm statistics, ...), optimizer state, the
 update counter and the skipped-update counter — lives on the device in one pytree that every

@@ -22,7 +22,7 @@ import numpy as np
 
 from unitrain import losses, ops, optim
 from unitrain.backends.jax import ops as jax_ops
-from unitrain.backends.jax.layers import layers_apply
+from unitrain.backends.jax.layers import PortableModule
 from unitrain.backends.jax.model import dropout_key, loss_function, portable_dropout_key
 from unitrain.backends.jax.optimizers import guarded_update, optimizer_for
 from unitrain.backends.jax.precision import (
@@ -139,7 +139,7 @@ def build_functions(
     adds dynamic loss scaling (see :mod:`.precision`). ``random`` is the generator of a
     portable model's dropout (``BackendOptions.random``); a native model gets a JAX key.
     """
-    apply = model if callable(model) else layers_apply(model, random)
+    apply = model if callable(model) else PortableModule(model, random)
     pass_key = dropout_key if callable(model) or random == "native" else portable_dropout_key
     loss_fn, classification = loss_function(loss)
     optimizer_at = optimizer_for(optimizer_spec)

@@ -2,7 +2,7 @@
 
 A JAX model here is a pure function and its params pytree; a model with state (BatchNorm
 statistics, counters: anything not trained by the optimizer) has a state pytree too and an
-apply that returns the new state beside the outputs. :func:`.layers.layers_apply` builds the
+apply that returns the new state beside the outputs. :class:`.layers.PortableModule` builds the
 function of a portable model (any :mod:`unitrain.models` layer); :class:`JaxModel` carries a
 user's own. Inside the backend every model is called in the stateful form
 (:data:`StatefulApplyFn`); a stateless one gets an empty state that costs nothing.
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from unitrain import ConfigError, losses, ops
 from unitrain.backends.jax import ops as jax_ops
-from unitrain.backends.jax.layers import layers_apply
+from unitrain.backends.jax.layers import PortableModule
 from unitrain.models import MLP
 
 __all__ = [
@@ -98,20 +98,20 @@ class NativeModel(NamedTuple):
 
 
 def mlp_apply(spec: MLP) -> ApplyFn:
-    """Deprecated: the stateless apply of ``spec``; use :func:`.layers.layers_apply`.
+    """Deprecated: the stateless apply of ``spec``; use :class:`.layers.PortableModule`.
 
-    Every portable model, the MLP included, now runs through :func:`.layers.layers_apply`
+    Every portable model, the MLP included, now runs through :class:`.layers.PortableModule`
     (stateful form, the same dropout masks as this function drew); this stays for code that
     imported it.
     """
     warnings.warn(
         "unitrain.backends.jax.model.mlp_apply is deprecated: use "
-        "unitrain.backends.jax.layers.layers_apply(model), which runs any portable model "
+        "unitrain.backends.jax.layers.PortableModule(model), which runs any portable model "
         "and returns (outputs, new_state)",
         DeprecationWarning,
         stacklevel=2,
     )
-    stateful = layers_apply(spec)
+    stateful = PortableModule(spec)
 
     def apply(params: Mapping[str, jax.Array], x: jax.Array, *, train: bool, rng: Any) -> Any:
         # Without a key it never dropped; an MLP has no state, so that is eval mode.

@@ -3,9 +3,11 @@
 Every hot-path computation is a ``tf.function`` with autograph off, traced once per input signature:
 the batch axis is left unknown (``None``), so the smaller last batch of an epoch does not retrace
 (unless the model reads the batch size as a number: see
-:meth:`~.compiled.CompiledGraphs._traced_or_sized`), and the learning rate, the loss scale and the
+:meth:`~.tracing.TraceCache.traced_or_sized`), and the learning rate, the loss scale and the
 micro-batch index are tensor arguments, so changing them every step does not retrace either
-(``trace_counts`` counts the traces). The optimizer updates are the rules of
+(``trace_counts`` counts the traces). The functions and the variables they update are a part
+the backend holds, :class:`~.compiled.CompiledSteps`; the backend converts batches, keeps the
+dropout key's numbers and the order of the protocol's calls. The optimizer updates are the rules of
 :mod:`unitrain.optim`, written once in ops and run by
 :mod:`unitrain.backends.tensorflow.optimizers`, because Keras' optimizers differ from them.
 
@@ -56,16 +58,11 @@ from unitrain.backends.strategy import dropout_index
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import ops as tensorflow_ops
 from unitrain.backends.tensorflow import optimizers
-from unitrain.backends.tensorflow.compiled import CompiledGraphs
+from unitrain.backends.tensorflow.compiled import CompiledSteps
 from unitrain.backends.tensorflow.core import (
     make_deterministic,
-    matrix,
     resolve_device,
-    scalar,
     seed_global_rngs,
-    spec,
-    vector,
-    zeros_variable,
 )
 from unitrain.backends.tensorflow.distributed import (
     LocalDevices,
@@ -74,14 +71,9 @@ from unitrain.backends.tensorflow.distributed import (
     launch_command,
     local_devices_environment,
 )
-from unitrain.backends.tensorflow.layers import TFPortable
-from unitrain.backends.tensorflow.precision import (
-    COMPUTE_DTYPES,
-    LossScale,
-    set_matmul_precision,
-)
+from unitrain.backends.tensorflow.layers import PortableModule
+from unitrain.backends.tensorflow.precision import COMPUTE_DTYPES, set_matmul_precision
 from unitrain.backends.tensorflow.prefetch import prefetch
-from unitrain.losses import AbstractLoss, resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
 from unitrain.structure import is_plain_pair, map_leaves, num_examples
 
@@ -90,18 +82,21 @@ __all__ = ["TensorFlowBackend"]
 _DTYPES = {"float32": tf.float32, "float64": tf.float64}
 
 
-class TensorFlowBackend(CompiledGraphs):
+class TensorFlowBackend:
     """TensorFlow implementation of the :class:`unitrain.backends.protocol.Backend` protocol.
 
     Attributes:
-        module: the model (a :class:`~unitrain.backends.tensorflow.layers.TFPortable` for a
+        module: the model (a :class:`~unitrain.backends.tensorflow.layers.PortableModule` for a
             portable model).
         variables: every model variable under its state-dict name.
         params: the trainable subset of ``variables``, in gradient order.
-        trace_counts: how many times each compiled function was traced, by name.
+        compiled: the compiled functions of an update and the optimizer's variables
+            (:class:`~.compiled.CompiledSteps`).
     """
 
     name = "tensorflow"
+    #: The part that traces and runs the updates; a subclass may name its own.
+    compiled_steps: type[CompiledSteps] = CompiledSteps
     #: This backend's module of the unitrain.ops contract (the PortableOps protocol).
     ops = tensorflow_ops
     capabilities = Capabilities(
@@ -148,7 +143,7 @@ class TensorFlowBackend(CompiledGraphs):
             if isinstance(model, AbstractLayer):
                 numpy_dtype = self.dtype.as_numpy_dtype
                 params, state = model.init_params(options.seed, numpy_dtype), model.init_state()
-                self.module: Any = TFPortable(
+                self.module: Any = PortableModule(
                     model, params, state, self.dtype, self._compute_dtype, options.random
                 )
                 self.variables: dict[str, tf.Variable] = (
@@ -165,31 +160,13 @@ class TensorFlowBackend(CompiledGraphs):
                     f"got {wrong}"
                 )
             self.options = options = optimizers.bind(options, model, self.params)
-            self.slots = {
-                slot: [zeros_variable(p) for p in self.params.values()]
-                for slot in options.optimizer.state_slots
-            }
-            self.grad_buffers = [zeros_variable(p) for p in self.params.values()]
-            self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-            #: The dropout key's step: advanced by every update, skipped or not, as the
-            #: caller's ``step``; set to the caller's where they differ (see ``_follow``).
-            self.key_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="key_step")
-            self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-            self.loss_scale = LossScale(options)
-        self.loss_fn, self.classification = tf_model.loss_function(options.loss)
-        self.loss_object = resolve_loss(options.loss)
-        self._reads_batch = bool(getattr(self.loss_object, "reads_batch", False))
-        self._loss_reads_targets = isinstance(resolve_loss(options.loss), AbstractLoss)
-        # Every train pass of a portable model gets a dropout key, so a layer of the user's
-        # that drops values has its stream too (two stateless ops; unused where nothing draws).
-        self._dropout = isinstance(model, AbstractLayer)
+            self.compiled = self.compiled_steps(
+                self.module, self.params, options, self.dtype, self._compute_dtype, self.device_name
+            )
+        self.classification = self.compiled.classification
+        self._reads_batch = bool(getattr(self.compiled.loss_object, "reads_batch", False))
         self._input_check = InputCheck(model) if isinstance(model, AbstractLayer) else None
         self._tokens = self._input_check is not None and self._input_check.tokens
-        self._keras_losses = hasattr(model, "losses") and not isinstance(model, AbstractLayer)
-        self._functions: dict[tuple[Any, ...], Any] = {}
-        self._polymorphic: dict[tuple[Any, ...], Any] = {}  # the tf.functions, for counts
-        self._sized: set[str] = set()
-        self.trace_counts: collections.Counter[str] = collections.Counter()
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
         self._numbers = UpdateNumbers()  # the host's copy of the dropout key's numbers
@@ -205,7 +182,22 @@ class TensorFlowBackend(CompiledGraphs):
     @property
     def skipped_steps(self) -> int:
         """Updates skipped because a gradient was not finite (reads a device counter)."""
-        return int(self.skipped_count.numpy())
+        return int(self.compiled.skipped_count.numpy())
+
+    @property
+    def trace_counts(self) -> collections.Counter[str]:
+        """How many times each compiled function was traced, by name."""
+        return self.compiled.traces.counts
+
+    @property
+    def grad_buffers(self) -> list[tf.Variable]:
+        """The gradient buffers ``backward`` adds into (the compiled steps' variables)."""
+        return self.compiled.grad_buffers
+
+    def spread_over(self, strategy: Any) -> None:
+        """Compute every gradient under ``strategy``, a ``tf.distribute.MirroredStrategy``
+        over local devices (see :meth:`.compiled.CompiledSteps.spread_over`)."""
+        self.compiled.spread_over(strategy)
 
     def prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         """On a GPU, each batch copied while the previous one trains (see
@@ -237,7 +229,7 @@ class TensorFlowBackend(CompiledGraphs):
         """Set the dropout key's step variable to the caller's ``step`` where it differs from
         the count both keep (after a resume, or a direct caller's jump): one write, rare."""
         if self._numbers.jumped(step):
-            self.key_step.assign(step)
+            self.compiled.key_step.assign(step)
 
     def forward(
         self, batch: Batch, *, step: int | None = None, micro_batch: int | None = None
@@ -250,20 +242,17 @@ class TensorFlowBackend(CompiledGraphs):
         the ``key_step`` variable, its micro-batch a host number passed in.
         """
         x, y = self._tensors(batch)
-        function = self._batch_function("forward", self._forward_graph, x, y, scalar(tf.int64))
         self._follow(step)
         _, micro_batch = self._numbers.forward(step, micro_batch)
         micro = dropout_index(micro_batch, *self._worker)
-        loss, self._pending = function(x, y, tf.constant(micro, tf.int64))
+        loss, self._pending = self.compiled.forward(x, y, tf.constant(micro, tf.int64))
         return loss
 
     def backward(self, scale: float = 1.0) -> None:
         """Add ``scale`` times the gradients of the last forward to the gradient buffers."""
         if self._pending is None:
             raise ConfigError("backward() needs a forward() first (once per forward)")
-        signature = ([spec(p, full=True) for p in self.params.values()], scalar(self.dtype))
-        function = self._function(("accumulate",), self._accumulate_graph, signature)
-        function(self._pending, tf.constant(scale, self.dtype))
+        self.compiled.accumulate(self._pending, tf.constant(scale, self.dtype))
         self._pending, self._accumulated = None, True
 
     def step(self, lr: float) -> None:
@@ -272,8 +261,7 @@ class TensorFlowBackend(CompiledGraphs):
             summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
             for buffer, value in zip(self.grad_buffers, summed, strict=True):
                 buffer.assign(value)
-        function = self._function(("step",), self._step_graph, (scalar(self.dtype),))
-        function(tf.constant(lr, self.dtype))
+        self.compiled.step(tf.constant(lr, self.dtype))
         self._pending, self._accumulated = None, False
         self._numbers.updated()
 
@@ -314,12 +302,11 @@ class TensorFlowBackend(CompiledGraphs):
         if self._accumulated:
             raise ConfigError("train_step() with gradients pending from backward(); call step()")
         x, y = self._tensors(batch)
-        function = self._batch_function(
-            "train_step", self._train_step_graph, x, y, scalar(tf.int64), scalar(self.dtype)
-        )
         self._follow(step)
         micro = dropout_index(self._numbers.micro_batch, *self._worker)
-        loss = function(x, y, tf.constant(micro, tf.int64), tf.constant(lr, self.dtype))
+        loss = self.compiled.train_step(
+            x, y, tf.constant(micro, tf.int64), tf.constant(lr, self.dtype)
+        )
         self._numbers.fused(step)
         self._pending = None
         return loss
@@ -338,11 +325,8 @@ class TensorFlowBackend(CompiledGraphs):
         """
         xs, ys = self._tensors(batches)
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
-        function = self._batch_function(
-            "train_steps", self._train_steps_graph, xs, ys, vector(self.dtype), stacked=True
-        )
         self._follow(step)
-        losses = function(xs, ys, lrs)
+        losses = self.compiled.train_steps(xs, ys, lrs)
         self._numbers.fused(step, len(lrs))
         self._pending = None
         return losses
@@ -370,19 +354,8 @@ class TensorFlowBackend(CompiledGraphs):
         x, y = self._device_data
         indices = tf.convert_to_tensor(np.asarray(indices, np.int64))
         lrs = tf.convert_to_tensor(np.asarray(lrs), self.dtype)
-        name, data = "train_steps_on_device", (spec(x, full=True), spec(y, full=True))
-        rows = tf.TensorSpec([None, indices.shape[1]], tf.int64)
-        if name not in self._sized:  # see _traced_or_sized
-            rows = matrix(tf.int64)
-        key = (name, *data, rows)
-        function = self._functions.get(key)
-        if function is None:
-            signature = (*data, rows, vector(self.dtype))
-            function = self._traced_or_sized(key, self._gather_steps_graph, signature)
-            if function is None:
-                return self.train_steps_on_device(indices, lrs, step=step)
         self._follow(step)
-        losses = function(x, y, indices, lrs)
+        losses = self.compiled.gather_steps(x, y, indices, lrs)
         self._numbers.fused(step, len(lrs))
         self._pending = None
         return losses
@@ -396,20 +369,12 @@ class TensorFlowBackend(CompiledGraphs):
     def evaluate(self, batch: Batch) -> dict[str, Any]:
         """Eval-mode metrics (no dropout, no gradients, no state change) as device scalars."""
         x, y = self._tensors(batch)
-        return self._batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
-
-    def _eval_outputs(self, x: Any) -> Any:
-        """Eval-mode outputs in the parameter dtype (run eagerly)."""
-        out = self.module(self._compute_input(x), training=False)
-        return out if self._compute_dtype is None else map_leaves(self._in_dtype, out)
-
-    def _in_dtype(self, out: tf.Tensor) -> tf.Tensor:
-        return tf.cast(out, self.dtype)
+        return self.compiled.evaluate(x, y)
 
     def predict(self, inputs: Any) -> np.ndarray:
         """The model's outputs for ``inputs`` in eval mode (run eagerly), on the host."""
         x, _ = self._tensors((inputs, np.zeros(num_examples((inputs,)), np.int64)))
-        return map_leaves(np.asarray, self._eval_outputs(x))
+        return map_leaves(np.asarray, self.compiled.outputs(x))
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = tnp
@@ -417,25 +382,17 @@ class TensorFlowBackend(CompiledGraphs):
     def outputs(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         """Eval-mode outputs and the targets as device tensors (run eagerly), for metrics."""
         x, y = self._tensors(batch)
-        return self._eval_outputs(x), y[1] if isinstance(y, tuple) else y
+        return self.compiled.outputs(x), y[1] if isinstance(y, tuple) else y
 
     # -- state -------------------------------------------------------------------------------
-
-    def _optimizer_variables(self) -> dict[str, tf.Variable]:
-        """Optimizer slots under canonical names (``<param>.<slot>``), param-major order."""
-        named: dict[str, tf.Variable] = {}
-        for index, name in enumerate(self.params):
-            for slot, variables in self.slots.items():
-                named[f"{name}.{slot}"] = variables[index]
-        return named
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and optimizer state as host numpy copies, canonical names."""
         state = {f"model.{k}": np.array(v.numpy()) for k, v in self.variables.items()}
-        for key, variable in self._optimizer_variables().items():
+        for key, variable in self.compiled.optimizer_variables().items():
             state[f"optimizer.{key}"] = np.array(variable.numpy())
-        state["optimizer.step"] = np.asarray(self.step_count.numpy(), np.int64)
-        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
+        state["optimizer.step"] = np.asarray(self.compiled.step_count.numpy(), np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self.compiled.loss_scale.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -445,11 +402,11 @@ class TensorFlowBackend(CompiledGraphs):
         with tf.device(self.device_name):
             for name, variable in self.variables.items():
                 variable.assign(np.asarray(model[name], variable.dtype.as_numpy_dtype))
-            for name, variable in self._optimizer_variables().items():
+            for name, variable in self.compiled.optimizer_variables().items():
                 variable.assign(np.asarray(opt[name], variable.dtype.as_numpy_dtype))
-            self.step_count.assign(int(opt["step"]))
-            self.key_step.assign(int(opt["step"]))
-            self.loss_scale.load(opt)
+            self.compiled.step_count.assign(int(opt["step"]))
+            self.compiled.key_step.assign(int(opt["step"]))
+            self.compiled.loss_scale.load(opt)
         self._numbers.loaded(int(opt["step"]))
         self._pending, self._accumulated = None, False
 

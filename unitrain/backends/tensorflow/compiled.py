@@ -1,14 +1,21 @@
-"""The TensorFlow backend's compiled functions: the bodies traced into ``tf.function`` s, and the
-cache of their concrete functions.
+"""The TensorFlow backend's compiled steps: the traced functions of an update and the variables
+they update.
 
-:class:`CompiledGraphs` is the base of :class:`~unitrain.backends.tensorflow.TensorFlowBackend`
-(as a Keras 3 model inherits its backend's trainer): the backend creates the variables and
-the attributes declared below, and these methods read them while tracing.
+:class:`CompiledSteps` is a part the backend holds: built from the model, its trainable
+variables and the backend's options, it owns the optimizer slots, the gradient buffers, the
+device-side counters and the loss scaler, and offers one call per compiled function
+(``forward``, ``accumulate``, ``step``, ``train_step``, ``train_steps``, ``gather_steps``,
+``evaluate``). It takes tensors already converted by the backend and keeps no host
+bookkeeping: the dropout key's numbers and the protocol's order of calls stay with
+:class:`~unitrain.backends.tensorflow.TensorFlowBackend`. The bodies run only while tracing;
+:class:`~.tracing.TraceCache` traces each once per input signature.
+
+A backend that computes its gradients differently (the kit's data-parallel traps in the test
+suite) subclasses this class and names the subclass in ``TensorFlowBackend.compiled_steps``.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -17,59 +24,144 @@ import tensorflow as tf  # absolute: the framework, not this package
 from unitrain.backends.protocol import BackendOptions
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import optimizers
-from unitrain.backends.tensorflow.core import spec
+from unitrain.backends.tensorflow.core import scalar, spec, vector, zeros_variable
 from unitrain.backends.tensorflow.distributed import mirrored_loss_and_grads
-from unitrain.backends.tensorflow.layers import TFPortable
+from unitrain.backends.tensorflow.layers import PortableModule
 from unitrain.backends.tensorflow.precision import LossScale
+from unitrain.backends.tensorflow.tracing import TraceCache
+from unitrain.losses import AbstractLoss, resolve_loss
 from unitrain.structure import first_leaf, map_leaves
 
-__all__ = ["CompiledGraphs"]
+__all__ = ["CompiledSteps"]
 
 
-class CompiledGraphs:
-    """Graph bodies (run only while tracing) and the function cache of one backend."""
+class CompiledSteps:
+    """The compiled functions of one backend's updates, and the variables they update.
 
-    options: BackendOptions
-    module: Any
-    params: dict[str, tf.Variable]
-    slots: dict[str, list[tf.Variable]]
-    grad_buffers: list[tf.Variable]
-    step_count: tf.Variable
-    key_step: tf.Variable
-    skipped_count: tf.Variable
-    loss_scale: LossScale
-    loss_fn: Callable[[Any, Any], tf.Tensor]
-    #: The loss as data (structured batches compute it in ops).
-    loss_object: Any
-    classification: bool
-    #: Whether the loss is a unitrain.losses loss (which reshapes targets itself).
-    _loss_reads_targets: bool
-    dtype: tf.DType
-    device_name: str
-    trace_counts: collections.Counter[str]
-    _compute_dtype: tf.DType | None
-    _dropout: bool
-    _keras_losses: bool
-    _functions: dict[tuple[Any, ...], Any]
-    _polymorphic: dict[tuple[Any, ...], Any]
-    #: The functions traced per batch size (see :meth:`_traced_or_sized`).
-    _sized: set[str]
-    #: The MirroredStrategy every gradient is computed under (:meth:`spread_over`), or None.
-    _mirrored: Any = None
+    Args:
+        module: the model (a :class:`~.layers.PortableModule`, a Keras model or a ``tf.Module``).
+        params: its trainable variables under their state-dict names, in gradient order.
+        options: the backend's options (optimizer, loss, seed, clipping, precision).
+        dtype: the parameters' dtype.
+        compute_dtype: the compute dtype of mixed precision, or None.
+        device_name: the TensorFlow device every function is traced on.
+
+    Attributes:
+        slots: the optimizer's state, one variable per parameter for each slot.
+        grad_buffers: the gradients ``accumulate`` adds into and ``step`` applies.
+        step_count: updates applied (the optimizer's step).
+        key_step: the dropout key's step: advanced by every update, skipped or not, as the
+            caller's ``step``; the backend sets it where the caller's differs.
+        skipped_count: updates skipped because a gradient was not finite.
+        loss_scale: the ``"16-mixed"`` loss scaler (inactive otherwise).
+        classification: whether the loss takes class labels (integer targets).
+        mirrored: the MirroredStrategy every gradient is computed under, or None.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        params: dict[str, tf.Variable],
+        options: BackendOptions,
+        dtype: tf.DType,
+        compute_dtype: tf.DType | None,
+        device_name: str,
+    ) -> None:
+        self.module, self.params, self.options = module, params, options
+        self.dtype, self.compute_dtype = dtype, compute_dtype
+        self.slots = {
+            slot: [zeros_variable(p) for p in params.values()]
+            for slot in options.optimizer.state_slots
+        }
+        self.grad_buffers = [zeros_variable(p) for p in params.values()]
+        self.step_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.key_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="key_step")
+        self.skipped_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+        self.loss_scale = LossScale(options)
+        self.loss_fn, self.classification = tf_model.loss_function(options.loss)
+        self.loss_object = resolve_loss(options.loss)
+        # A unitrain.losses loss reads the targets as they come (it reshapes them itself).
+        self._loss_reads_targets = isinstance(self.loss_object, AbstractLoss)
+        # Every train pass of a portable model gets a dropout key, so a layer of the user's
+        # that drops values has its stream too (two stateless ops; unused where nothing draws).
+        self._dropout = isinstance(module, PortableModule)
+        self._keras_losses = hasattr(module, "losses") and not isinstance(module, PortableModule)
+        self.mirrored: Any = None
+        self.traces = TraceCache(device_name)
+
+    # -- the calls the backend makes ---------------------------------------------------------
 
     def spread_over(self, strategy: Any) -> None:
         """Compute every gradient under ``strategy`` (a ``tf.distribute.MirroredStrategy``):
         each replica takes its slice of the batch, and their gradients are summed before the
         update (see :mod:`unitrain.backends.tensorflow.distributed`)."""
-        self._mirrored = strategy
-        self._functions.clear()  # traced without the replicas
-        self._polymorphic.clear()
+        self.mirrored = strategy
+        self.traces.clear()  # traced without the replicas
+
+    def forward(self, x: Any, y: Any, micro_batch: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+        """The train-mode loss and the (scaled) gradients, kept as device tensors."""
+        function = self.traces.batch_function(
+            "forward", self._loss_and_grads, x, y, scalar(tf.int64)
+        )
+        return function(x, y, micro_batch)
+
+    def accumulate(self, grads: list[tf.Tensor], scale: tf.Tensor) -> None:
+        """Add ``scale`` times ``grads`` into the gradient buffers."""
+        signature = ([spec(p, full=True) for p in self.params.values()], scalar(self.dtype))
+        self.traces.function(("accumulate",), self._accumulate_graph, signature)(grads, scale)
+
+    def step(self, lr: tf.Tensor) -> None:
+        """The guarded update from the gradient buffers at ``lr``, then the buffers zeroed."""
+        self.traces.function(("step",), self._step_graph, (scalar(self.dtype),))(lr)
+
+    def train_step(self, x: Any, y: Any, micro_batch: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+        """Loss, gradients and the guarded update in one function; returns the loss."""
+        function = self.traces.batch_function(
+            "train_step", self._train_step_graph, x, y, scalar(tf.int64), scalar(self.dtype)
+        )
+        return function(x, y, micro_batch, lr)
+
+    def train_steps(self, xs: Any, ys: Any, lrs: tf.Tensor) -> tf.Tensor:
+        """``len(lrs)`` fused updates over batches stacked on a leading axis; their losses."""
+        function = self.traces.batch_function(
+            "train_steps", self._train_steps_graph, xs, ys, vector(self.dtype), stacked=True
+        )
+        return function(xs, ys, lrs)
+
+    def gather_steps(self, x: Any, y: Any, indices: tf.Tensor, lrs: tf.Tensor) -> tf.Tensor:
+        """``len(lrs)`` fused updates on the rows ``indices[i]`` of a data set on the device."""
+        function = self.traces.rows_function(
+            "train_steps_on_device", self._gather_steps_graph, (x, y), indices, vector(self.dtype)
+        )
+        return function(x, y, indices, lrs)
+
+    def evaluate(self, x: Any, y: Any) -> dict[str, tf.Tensor]:
+        """Eval-mode loss (and accuracy for a classification loss) as device scalars."""
+        return self.traces.batch_function("evaluate", self._evaluate_graph, x, y)(x, y)
+
+    def outputs(self, x: Any) -> Any:
+        """Eval-mode outputs in the parameter dtype (run eagerly)."""
+        out = self.module(self._compute_input(x), training=False)
+        return out if self.compute_dtype is None else map_leaves(self._in_dtype, out)
+
+    def optimizer_variables(self) -> dict[str, tf.Variable]:
+        """Optimizer slots under canonical names (``<param>.<slot>``), param-major order."""
+        named: dict[str, tf.Variable] = {}
+        for index, name in enumerate(self.params):
+            for slot, variables in self.slots.items():
+                named[f"{name}.{slot}"] = variables[index]
+        return named
+
+    # -- the bodies (run only while tracing) -------------------------------------------------
+
+    def _in_dtype(self, out: tf.Tensor) -> tf.Tensor:
+        return tf.cast(out, self.dtype)
 
     def _compute_input(self, x: Any) -> Any:
         """``x`` in the compute dtype under mixed precision; token ids stay integers."""
-        if self._compute_dtype is None:
+        if self.compute_dtype is None:
             return x
-        low = self._compute_dtype
+        low = self.compute_dtype
         return map_leaves(lambda leaf: tf.cast(leaf, low) if leaf.dtype.is_floating else leaf, x)
 
     def _model_loss(
@@ -79,7 +171,7 @@ class CompiledGraphs:
         MirroredStrategy) this slice's loss weighted by its share of the global batch."""
         x = self._compute_input(x)
         terms = None
-        if isinstance(self.module, TFPortable):
+        if isinstance(self.module, PortableModule):
             out = self.module(x, training=training, key=key)
             terms = self.module.__dict__.get("reported_losses")
             # The loss in float32 (a no-op without mixing).
@@ -107,15 +199,17 @@ class CompiledGraphs:
         return out, loss
 
     def _loss_and_grads(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
-        if self._mirrored is not None:
+        if self.mirrored is not None:
             return mirrored_loss_and_grads(
-                self._mirrored, self._slice_loss_and_grads, x, y, micro_batch
+                self.mirrored, self.slice_loss_and_grads, x, y, micro_batch
             )
-        return self._slice_loss_and_grads(x, y, micro_batch)
+        return self.slice_loss_and_grads(x, y, micro_batch)
 
-    def _slice_loss_and_grads(
+    def slice_loss_and_grads(
         self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor, global_size: Any = None
     ) -> Any:
+        """The loss of ``(x, y)`` and its scaled gradients (traced); with ``global_size``, a
+        replica's slice weighted by its share of the global batch (see :meth:`_model_loss`)."""
         key = None
         if self._dropout:
             key = tf_model.dropout_key(
@@ -164,9 +258,6 @@ class CompiledGraphs:
 
         tf.cond(finite, apply, skip)
         self.key_step.assign_add(1)  # every update, applied or skipped, as the caller counts
-
-    def _forward_graph(self, x: tf.Tensor, y: tf.Tensor, micro_batch: tf.Tensor) -> Any:
-        return self._loss_and_grads(x, y, micro_batch)
 
     def _accumulate_graph(self, grads: list[tf.Tensor], scale: tf.Tensor) -> None:
         for buffer, g in zip(self.grad_buffers, grads, strict=True):
@@ -218,69 +309,3 @@ class CompiledGraphs:
             correct = tf.equal(tf.argmax(out, axis=-1, output_type=y.dtype), y)
             metrics["accuracy"] = tf.reduce_mean(tf.cast(correct, tf.float32))
         return metrics
-
-    def _function(self, key: tuple[Any, ...], body: Callable[..., Any], signature: Any) -> Any:
-        """The compiled ``body`` for ``key``: traced once, on first use, for ``signature``.
-
-        The concrete function is kept and called directly: a polymorphic ``tf.function``
-        binds and matches its arguments in Python on every call, which costs about as much
-        as a whole small training step.
-        """
-        function = self._functions.get(key)
-        if function is None:
-            name = key[0]
-
-            def traced(*args: Any) -> Any:
-                self.trace_counts[name] += 1  # Python side effect: runs only while tracing
-                with tf.device(self.device_name):
-                    return body(*args)
-
-            polymorphic = tf.function(traced, input_signature=signature, autograph=False)
-            function = polymorphic.get_concrete_function()
-            self._functions[key], self._polymorphic[key] = function, polymorphic
-        return function
-
-    def _batch_function(
-        self,
-        name: str,
-        body: Callable[..., Any],
-        x: tf.Tensor,
-        y: tf.Tensor,
-        *extra: tf.TensorSpec,
-        stacked: bool = False,
-    ) -> Any:
-        """A function per (name, input feature shapes and dtypes), batch axes left unknown
-        (unless the model needs the batch size: :meth:`_traced_or_sized`)."""
-        unknown = (2 if stacked else 1) - (name in self._sized)  # a stack's k stays unknown
-        if isinstance(y, tuple):  # a structured batch: its every leaf keys the function
-            key: tuple[Any, ...] = (name, *tf_model.structure_key((x, y), unknown))
-        else:
-            key = (name, x.dtype, tuple(x.shape[unknown:]), y.dtype, tuple(y.shape[unknown:]))
-        function = self._functions.get(key)
-        if function is None:
-            specs = [map_leaves(lambda t: spec(t, leading=unknown), part) for part in (x, y)]
-            inputs = (*specs, *extra)
-            function = self._traced_or_sized(key, body, inputs)
-            if function is None:
-                return self._batch_function(name, body, x, y, *extra, stacked=stacked)
-        return function
-
-    def _traced_or_sized(self, key: tuple[Any, ...], body: Callable[..., Any], inputs: Any) -> Any:
-        """``_function(key, body, inputs)``; None where the trace needs the batch size as a
-        number, and from then on the function ``key[0]`` is traced per batch size.
-
-        The core's layers read shapes as numbers (``ops.shape``); on an unknown axis this
-        backend's ops give a scalar tensor, which serves reshapes, mask shapes and arithmetic,
-        but not Python control flow: BatchNorm checks its count of values per channel in train
-        mode, a stateful RNN its batch size. Such a trace fails with
-        ``OperatorNotAllowedInGraphError`` at that layer (before any work is done).
-        """
-        name = key[0]
-        try:
-            return self._function(key, body, inputs)
-        except tf.errors.OperatorNotAllowedInGraphError:
-            if name in self._sized:
-                raise
-        self.trace_counts[name] -= 1  # the trace that failed
-        self._sized.add(name)
-        return None

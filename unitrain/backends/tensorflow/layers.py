@@ -2,7 +2,7 @@
 
 Every layer's computation is written once, in :mod:`unitrain.ops`
 (``AbstractLayer.forward``), so the adapter needs no code per layer type: a
-:class:`TFPortable` holds a model's parameters (trainable ``tf.Variable``) and state
+:class:`PortableModule` holds a model's parameters (trainable ``tf.Variable``) and state
 (non-trainable, e.g. BatchNorm statistics) under their canonical names, in the canonical
 layouts, which are TensorFlow's own (images NHWC, conv filters HWIO, dense weights
 ``(in, out)``), and runs :func:`unitrain.models.apply` on this backend's ops. A layer the
@@ -18,16 +18,20 @@ from typing import Any
 import tensorflow as tf
 
 from unitrain import ops
+from unitrain.backends.common.renamed import renamed_getattr
 from unitrain.backends.tensorflow import ops as tensorflow_ops
 from unitrain.models import MLP, AbstractLayer, Draw, Pass, apply
 
-__all__ = ["TFPortable"]
+__all__ = ["PortableModule"]
+
+#: The names this module used to give its classes (``PortableModule`` was ``TFPortable``).
+RENAMED = {"TFPortable": "PortableModule"}
 
 #: Philox on every device, so a mask does not depend on where it was drawn.
 _RNG_ALGORITHM = "philox"
 
 
-class TFPortable(tf.Module):
+class PortableModule(tf.Module):
     """A portable model (:mod:`unitrain.models`) as a ``tf.Module`` with canonical variables.
 
     Args:
@@ -46,7 +50,7 @@ class TFPortable(tf.Module):
         >>> import tensorflow as tf
         >>> from unitrain.models import MLP
         >>> spec = MLP((4, 8, 3))
-        >>> module = TFPortable(spec, spec.init_params(0), spec.init_state(), tf.float32)
+        >>> module = PortableModule(spec, spec.init_params(0), spec.init_state(), tf.float32)
         >>> list(module.named_variables())
         ['layers.0.weight', 'layers.0.bias', 'layers.1.weight', 'layers.1.bias']
         >>> module(tf.zeros([2, 4])).shape
@@ -134,3 +138,6 @@ def _stateless_draw(key: tf.Tensor, first: int) -> Draw:
         return tf.random.stateless_uniform(shape, seed=seed, dtype=dtype, alg=_RNG_ALGORITHM)
 
     return draw
+
+
+__getattr__ = renamed_getattr(__name__, RENAMED, globals())

@@ -18,7 +18,7 @@ import tensorflow as tf  # absolute: the framework, not this package
 
 from unitrain import ConfigError, losses, ops
 from unitrain.backends.tensorflow import ops as tf_ops
-from unitrain.backends.tensorflow.layers import TFPortable
+from unitrain.backends.tensorflow.layers import PortableModule
 from unitrain.models import MLP
 from unitrain.structure import leaves, map_leaves, split_batch
 
@@ -36,18 +36,18 @@ __all__ = [
 _RNG_ALGORITHM = "philox"
 
 
-class TFMLP(TFPortable):
-    """Deprecated: :class:`unitrain.models.MLP` as a ``tf.Module``; use :class:`TFPortable`.
+class TFMLP(PortableModule):
+    """Deprecated: :class:`unitrain.models.MLP` as a ``tf.Module``; use :class:`PortableModule`.
 
-    Every portable model, the MLP included, is a :class:`TFPortable` now, with the same
+    Every portable model, the MLP included, is a :class:`PortableModule` now, with the same
     variable names (``layers.{i}.weight``/``.bias``) and the same dropout masks. Unlike the old
     class, the parameters are not cast to a low-precision input's dtype: pass
-    ``compute_dtype`` to :class:`TFPortable` for that.
+    ``compute_dtype`` to :class:`PortableModule` for that.
     """
 
     def __init__(self, spec: MLP, params: dict[str, Any], dtype: tf.DType) -> None:
         warnings.warn(
-            "TFMLP is deprecated: use unitrain.backends.tensorflow.layers.TFPortable("
+            "TFMLP is deprecated: use unitrain.backends.tensorflow.layers.PortableModule("
             "spec, params, {}, dtype), which runs every portable model",
             DeprecationWarning,
             stacklevel=2,

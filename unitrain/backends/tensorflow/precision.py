@@ -3,11 +3,11 @@
 - ``matmul_precision``: TensorFlow has one process-wide switch,
   ``enable_tensor_float_32_execution``; "high" and "medium" both turn TF32 on (TensorFlow
   has no bfloat16-pass float32 matmul), "highest" turns it off.
-- Mixed precision casts the float32 variables and inputs to the compute dtype inside the traced loss
-  (:class:`.layers.TFPortable` reads its parameters in it), so the gradients come back to float32
-  through the casts and the master weights and optimizer slots stay float32. A native Keras model
-  carries its own dtype policy (``keras.mixed_precision``), so it is refused here rather than cast
-  behind its back.
+- Mixed precision casts the float32 variables and inputs to the compute dtype inside the traced
+  loss (:class:`.layers.PortableModule` reads its parameters in it), so the gradients come back
+  to float32 through the casts and the master weights and optimizer slots stay float32. A native
+  Keras model carries its own dtype policy (``keras.mixed_precision``), so it is refused here
+  rather than cast behind its back.
 - ``"16-mixed"``: the scale and the count of finite updates are device variables, advanced
   in-graph by :func:`unitrain.backends.precision.next_loss_scale` on ``tf.where``.
 """

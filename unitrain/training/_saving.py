@@ -13,7 +13,8 @@ workers). Then either:
   rest (:mod:`unitrain.checkpoint._write_shards`), so no process holds the whole model.
 
 Rank 0 first checks that no other run has taken the folder; a save in the background is
-installed only if none has meanwhile.
+installed only if none has meanwhile. Where a run's checkpoints go (its folders, the path of
+a checkpoint the loop takes itself) is decided here too.
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from unitrain.checkpoint import CheckpointWriter, save_checkpoint
+from unitrain._errors import ConfigError
+from unitrain.checkpoint import (
+    CheckpointWriter,
+    checkpoint_name,
+    list_checkpoints,
+    save_checkpoint,
+)
 from unitrain.checkpoint._write_shards import save_sharded_checkpoint
 from unitrain.training._lock import check_locks, confirm_locks
 from unitrain.training._run_state import Run, join_snapshot, snapshot
 
-__all__ = ["save_run", "writes_shards"]
+__all__ = [
+    "checkpoint_folders",
+    "checkpoint_path",
+    "nothing_to_resume",
+    "save_run",
+    "writes_shards",
+]
 
 
 def writes_shards(run: Run) -> bool:
@@ -87,3 +100,29 @@ def save_run(
                 then()
     run.strategy.barrier()
     return saved
+
+
+def checkpoint_folders(run: Any) -> list[Path]:
+    """``checkpoint_dir`` (first), then the folders ``run``'s callbacks declare they write to."""
+    declared = [d for c in run.callbacks.callbacks for d in getattr(c, "writes_to", ())]
+    return [Path(d) for d in [run.config.checkpoint_dir, *declared] if d is not None]
+
+
+def checkpoint_path(run: Any) -> Path | None:
+    """Where a checkpoint of this step goes when the loop itself saves one (None: nowhere).
+
+    In ``checkpoint_dir``, named as ModelCheckpoint names it, so ``resume="latest"`` and
+    pruning treat it as one of the run's checkpoints."""
+    folders = checkpoint_folders(run)
+    if not folders:
+        return None
+    return folders[0] / checkpoint_name(run.epoch_number, run.state.step)
+
+
+def nothing_to_resume(config: Any, resume: str) -> bool:
+    """Whether ``resume="latest"``/``"auto"`` finds no checkpoint at all (a first run).
+
+    Checkpoints that exist but are all damaged are an error, raised by the resolver."""
+    if config.checkpoint_dir is None:
+        raise ConfigError(f"resume={resume!r} needs TrainerConfig(checkpoint_dir=...)")
+    return not list_checkpoints(config.checkpoint_dir)

@@ -26,8 +26,6 @@ from unitrain.callbacks._base import CallbackList
 from unitrain.checkpoint import (
     CheckpointWarning,
     CheckpointWriter,
-    checkpoint_name,
-    list_checkpoints,
     remove_leftovers,
 )
 from unitrain.data import BatchSource, as_batch_source, check_source
@@ -42,13 +40,18 @@ from unitrain.training._lineage import Lineage, claim_folders, lineage_for
 from unitrain.training._lock import RunLock, check_locks, locked
 from unitrain.training._preemption import Preempted, SignalWatch, restart_resume
 from unitrain.training._run_state import RunState, TrainState, restore
-from unitrain.training._saving import save_run
+from unitrain.training._saving import (
+    checkpoint_folders,
+    checkpoint_path,
+    nothing_to_resume,
+    save_run,
+)
 from unitrain.training.config import TrainerConfig
 
 __all__ = ["RunState", "TrainState", "Trainer"]
 
 
-class Trainer(FitLoop):
+class Trainer:
     """Trains one model on one backend with a schedule, callbacks and checkpoints.
 
     Args:
@@ -147,7 +150,10 @@ class Trainer(FitLoop):
         self.stop_reason: str | None = None
         #: The run this Trainer's checkpoints belong to, decided when ``fit`` starts.
         self.lineage: Lineage | None = None
-        self._init_loop()
+        #: One row per validation by steps (``val_every_n_steps``); ``history`` keeps one
+        #: row per epoch.
+        self.step_history: list[dict[str, Any]] = []
+        self._loop = FitLoop(self, self._attend)  # runs the epochs of fit
         # Both set the loop's attention flag, read after every update (see _attend).
         self._writer = CheckpointWriter(on_failure=self._ask_attention)
         self._signals = SignalWatch(config.preemption_signals, self._ask_attention)
@@ -184,6 +190,32 @@ class Trainer(FitLoop):
         """End training after the current update; ``reason`` says why, for the user."""
         self.state.stop_training = True
         self.stop_reason = reason
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped so far because of a NaN or infinite gradient (reads the backend)."""
+        return self._loop.skipped_steps
+
+    @property
+    def steps_left(self) -> int:
+        """Updates left before ``max_steps`` (``sys.maxsize`` without it); the loop stops at 0."""
+        if self.config.max_steps is None:
+            return sys.maxsize
+        return max(self.config.max_steps - self.state.step, 0)
+
+    def training_left(self) -> bool:
+        """Whether the run has epochs and updates left and was not told to stop."""
+        state = self.state
+        return state.epoch < self.config.epochs and not state.stop_training and self.steps_left > 0
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Examples per batch when validating, testing or predicting on plain arrays."""
+        return self.config.eval_batch_size or self.config.batch_size
+
+    def running_totals(self) -> tuple[float, int]:
+        """The epoch's summed training loss and example count so far, over all workers."""
+        return self._loop.running_totals()
 
     def fit(
         self,
@@ -225,10 +257,10 @@ class Trainer(FitLoop):
         self.has_validation, self.batches_per_epoch = val_source is not None, len(source)
         self.val_source = val_source
         self.stop_reason = None
-        self._check_run(source)
+        self._loop.check_run(source)
         # Held until fit returns or raises: a second run on these directories is refused
         # instead of pruning and resuming this run's checkpoints. Rank 0 holds it for all.
-        directories = self._checkpoint_folders() if self.strategy.is_main else []
+        directories = checkpoint_folders(self) if self.strategy.is_main else []
         # A signal from here on is answered after the next update; none can end the run
         # between taking the lock and training.
         with self._signals, locked(directories) as self._locks:
@@ -255,9 +287,9 @@ class Trainer(FitLoop):
         folders: list[Path],
         archive_existing: bool,
     ) -> None:
-        self._place_on_device(source)
+        self._loop.place_on_device(source)
         resumed = None
-        if resume in ("latest", "auto") and self._nothing_to_resume(resume):
+        if resume in ("latest", "auto") and nothing_to_resume(self.config, resume):
             if resume == "latest":
                 warnings.warn(
                     f"resume='latest': no checkpoint in {self.config.checkpoint_dir} yet; "
@@ -277,14 +309,14 @@ class Trainer(FitLoop):
                 self.callbacks.load_state_dict(callback_states)
             except CheckpointError as error:
                 raise CheckpointError(f"{path}/trainer.json: {error}") from None
-            self._warn_if_finished()
+            self._loop.warn_if_finished()
         while self.training_left():
-            self._run_epoch(source, val_source)
+            self._loop.run_epoch(source, val_source)
         self.callbacks.call("on_train_end", self)
 
     def validate(self, data: Any) -> dict[str, float]:
         """Evaluate on ``data`` (``config.val_batches`` batches at most); metrics ``val_*``."""
-        return self._validate(self._source(data, "val_data", shuffle=False))
+        return self._loop.validate(self._source(data, "val_data", shuffle=False))
 
     def test(self, data: Any) -> dict[str, float]:
         """Evaluate on held-out ``data``, all of it; metrics are prefixed ``test_``."""
@@ -374,7 +406,7 @@ class Trainer(FitLoop):
         self.history, self.step_history = list(state.history), list(state.step_history)
         main = self.strategy.is_main
         loss_sum, loss_count = (state.loss_sum, state.loss_count) if main else (0.0, 0)
-        self._start_counters(loss_sum, loss_count, state.skipped_steps)
+        self._loop.start_counters(loss_sum, loss_count, state.skipped_steps)
 
     # -- data and resume ----------------------------------------------------------------------
 
@@ -395,64 +427,41 @@ class Trainer(FitLoop):
             )
         return source
 
-    def _checkpoint_folders(self) -> list[Path]:
-        """``checkpoint_dir`` (first), then the folders callbacks declare they write to."""
-        declared = [d for c in self.callbacks.callbacks for d in getattr(c, "writes_to", ())]
-        return [Path(d) for d in [self.config.checkpoint_dir, *declared] if d is not None]
-
-    def _nothing_to_resume(self, resume: str) -> bool:
-        """Whether ``resume="latest"``/``"auto"`` finds no checkpoint at all (a first run).
-
-        Checkpoints that exist but are all damaged are an error, raised by the resolver."""
-        if self.config.checkpoint_dir is None:
-            raise ConfigError(f"resume={resume!r} needs TrainerConfig(checkpoint_dir=...)")
-        return not list_checkpoints(self.config.checkpoint_dir)
-
     # -- what the loop attends to between updates ---------------------------------------------
 
     def _ask_attention(self) -> None:
         """Called by the signal handler and the checkpoint writer's thread: look after an update."""
-        self._attention = True
+        self._loop.attention = True
 
     def _attend(self) -> None:
         """Act on a lost run lock, a failed background save or a preemption signal.
 
         The loop calls it at every epoch's end, and after an update that raised the
-        attention flag (see :class:`FitLoop`).
+        attention flag (see :class:`~unitrain.training._fit_loop.FitLoop`).
 
         With several workers this runs at every logging point and epoch end on all of them
         (not on the flag, which only some may have): they agree there on whether any was
         signalled, so all stop at the same step and rank 0 saves it.
         """
-        self._attention = False
+        self._loop.attention = False
         check_locks(self._locks)  # a flag the lock's heartbeat sets: no file system access
         if self._writer.failed:
             self._recover_failed_save()
         signalled = self._signals.received
-        if self._parallel:
+        if self._loop.parallel:
             if self.strategy.all_sum([signalled is not None])[0] == 0:
                 return
             signalled = signalled or "a signal to another worker"
         if signalled is not None:
             self._preempt(signalled)
 
-    def _checkpoint_path(self) -> Path | None:
-        """Where a checkpoint of this step goes when the loop itself saves one (None: nowhere).
-
-        In ``checkpoint_dir``, named as ModelCheckpoint names it, so ``resume="latest"`` and
-        pruning treat it as one of the run's checkpoints."""
-        folders = self._checkpoint_folders()
-        if not folders:
-            return None
-        return folders[0] / checkpoint_name(self.epoch_number, self.state.step)
-
     def _recover_failed_save(self) -> None:
         """A background save failed: save this step synchronously, or stop with both errors."""
         try:
             self._writer.wait()
         except CheckpointError as failed:
-            path = self._checkpoint_path()
-            if path is None or self._parallel:  # other workers cannot join a save now
+            path = checkpoint_path(self)
+            if path is None or self._loop.parallel:  # other workers cannot join a save now
                 raise
             try:
                 self.save_checkpoint(path)
@@ -470,7 +479,7 @@ class Trainer(FitLoop):
 
     def _preempt(self, signal_name: str) -> None:
         """Checkpoint this step (durably), say where, and raise :class:`Preempted`."""
-        step, path = self.state.step, self._checkpoint_path()
+        step, path = self.state.step, checkpoint_path(self)
         if path is not None and self._last_save == (step, path):
             self._writer.wait()  # this very step is being saved already
         elif path is not None:

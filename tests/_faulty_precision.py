@@ -29,15 +29,16 @@ class ScaleGrowsOneLate(NumpyBackend):
         rule = self.options.loss_scaler
         slower = LossScaler(rule.initial_scale, rule.growth_interval + 1)
         self.options = dataclasses.replace(self.options, loss_scaler=slower)
+        self.loss_scale.rule = slower
 
 
 class GradientsLeftScaled(NumpyBackend):
     """Updates with the scaled gradients: the unscaling before the update is forgotten."""
 
     def step(self, lr: float) -> None:
-        if self.scaler is not None:
+        if self.loss_scale.active:
             for g in self.grads.values():
-                g *= self.scaler[0]  # undoes the unscaling that step does
+                g *= self.loss_scale.scale  # undoes the unscaling that step does
         super().step(lr)
 
 
@@ -46,5 +47,5 @@ class ScalerNotRestored(NumpyBackend):
 
     def load_state_dict(self, state: Any) -> None:
         super().load_state_dict(state)
-        if self.scaler is not None:
-            self.scaler = self.options.loss_scaler.initial_state()
+        if self.loss_scale.active:
+            self.loss_scale.scale, self.loss_scale.good_steps = self.loss_scale.rule.initial_state()

@@ -534,6 +534,17 @@ def test_dropout_masks_are_float32_draws_of_the_module_generator_in_layer_order(
     assert list(old.state_dict()) == list(MODEL.param_shapes())
 
 
+def test_build_optimizer_is_the_deprecated_name_of_on_fastest_kernel():
+    from unitrain.backends.torch import kernels
+
+    with pytest.warns(DeprecationWarning, match="use unitrain.backends.torch.kernels.on_fastest"):
+        old = kernels.build_optimizer
+    assert old is kernels.on_fastest_kernel
+    params = [torch.nn.Parameter(torch.ones(3))]
+    optimizer = old(torch.optim.SGD, params, {"momentum": 0.9})
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["momentum"] == 0.9
+
+
 def test_a_model_without_parameters_builds_and_predicts():
     """torch.optim refuses an empty parameter list; such a model (pooling, an activation)
     gets the generic optimizer, which has nothing to update, so it can predict and export."""

@@ -4,13 +4,20 @@
   ahead of the step that uses them (each adapter says how to stage one);
 - :class:`~unitrain.backends.common.workers.SummingWorkers`: the strategy of a launched
   worker on an engine whose gradient reduction sums (``jax.distributed``, TensorFlow's
-  MultiWorkerMirroredStrategy); each adapter says how to sum.
+  MultiWorkerMirroredStrategy); each adapter says how to sum;
+- :class:`~unitrain.backends.common.loss_scale.AbstractLossScale`: the ``"16-mixed"`` loss
+  scaler's state (when it runs, how it advances, its checkpoint entries); each adapter's
+  ``LossScale`` says where the two numbers live;
+- :func:`~unitrain.backends.common.renamed.renamed_getattr`: the old names of a concept an
+  adapter renamed to the name every adapter uses, kept importable with a warning.
 
 Third-party adapters may use them too: like :mod:`unitrain.backends.protocol`, this package
 is part of the adapter-facing surface.
 """
 
+from unitrain.backends.common.loss_scale import AbstractLossScale
+from unitrain.backends.common.renamed import renamed_getattr
 from unitrain.backends.common.staging import one_ahead
 from unitrain.backends.common.workers import SummingWorkers
 
-__all__ = ["SummingWorkers", "one_ahead"]
+__all__ = ["AbstractLossScale", "SummingWorkers", "one_ahead", "renamed_getattr"]

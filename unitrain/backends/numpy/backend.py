@@ -31,15 +31,8 @@ from unitrain import ConfigError, losses, ops, optim
 from unitrain.backends.numpy import _tape
 from unitrain.backends.numpy import ops as numpy_ops
 from unitrain.backends.numpy.ops import Tracked, value_of
-from unitrain.backends.numpy.precision import round_between_layers, rounding
-from unitrain.backends.precision import (
-    GOOD_STEPS_KEY,
-    SCALE_KEY,
-    compute_dtype,
-    next_loss_scale,
-    require_precision,
-    take_scaler_state,
-)
+from unitrain.backends.numpy.precision import LossScale, round_between_layers, rounding
+from unitrain.backends.precision import compute_dtype, require_precision
 from unitrain.backends.protocol import (
     BackendOptions,
     Batch,
@@ -100,10 +93,8 @@ class NumpyBackend:
             raise ConfigError(f"precision={options.precision!r} needs dtype='float32'")
         #: Rounds to the compute dtype under mixed precision; None in "32".
         self._rounding = rounding(compute_dtype(options.precision))
-        #: The loss scaler's ``(scale, good_steps)`` under "16-mixed", else None.
-        self.scaler = (
-            options.loss_scaler.initial_state() if options.precision == "16-mixed" else None
-        )
+        #: The loss scaler (active under "16-mixed").
+        self.loss_scale = LossScale(options)
         self.model, self.dtype = model, np.dtype(options.dtype)
         self.params = model.init_params(options.seed, self.dtype)
         self.model_state = model.init_state(self.dtype)
@@ -272,8 +263,8 @@ class NumpyBackend:
     def _backward(self, scale: float) -> None:
         if self._graph is None:
             raise ConfigError("backward() needs a forward() in train mode first")
-        if self.scaler is not None:
-            scale = scale * float(self.scaler[0])  # a power of two: exact
+        if self.loss_scale.active:
+            scale = scale * float(self.loss_scale.scale)  # a power of two: exact
         loss, tracked = self._graph
         grads = _tape.backpropagate([loss], [np.asarray(scale, self.dtype)])
         low = self._rounding
@@ -288,18 +279,14 @@ class NumpyBackend:
     def step(self, lr: float) -> None:
         """Clip, check for a non-finite loss or gradient, apply the reference update, zero
         the grads."""
-        if self.scaler is not None:
+        if self.loss_scale.active:
             for g in self.grads.values():
-                g *= np.float32(1.0) / self.scaler[0]  # unscale; exact, the scale is 2**k
+                g *= np.float32(1.0) / self.loss_scale.scale  # unscale; exact, the scale is 2**k
         with np.errstate(all="ignore"):
             norm = optim.global_norm(self.grads)
         # A loss can overflow where its gradient does not (a huge mse target).
         finite = bool(np.isfinite(norm)) and self._losses_finite
-        if self.scaler is not None:
-            scale, good = next_loss_scale(
-                self.options.loss_scaler, *self.scaler, np.bool_(finite), np.where
-            )
-            self.scaler = np.float32(scale), np.int32(good)
+        self.loss_scale.advance(np.bool_(finite))
         if not finite:
             self._skipped += 1
         else:
@@ -344,9 +331,7 @@ class NumpyBackend:
         """Copies of the parameters, model state and optimizer state under canonical names."""
         state = {f"model.{k}": v.copy() for k, v in (self.params | self.model_state).items()}
         state.update({f"optimizer.{k}": np.array(v) for k, v in self.opt_state.items()})
-        if self.scaler is not None:
-            state[f"optimizer.{SCALE_KEY}"] = np.array(self.scaler[0], np.float32)
-            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.array(self.scaler[1], np.int64)
+        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -354,8 +339,7 @@ class NumpyBackend:
         names and shapes must match."""
         check_state(self.state_dict(), state)
         model, opt = split_state(state)
-        if self.scaler is not None:
-            self.scaler = take_scaler_state(opt)
+        self.loss_scale.load(opt)
         self.params = {k: np.array(model[k], self.dtype) for k in self.params}
         self.model_state = {k: np.array(model[k], self.dtype) for k in self.model_state}
         self.opt_state = {

@@ -8,6 +8,10 @@ layouts, which are TensorFlow's own (images NHWC, conv filters HWIO, dense weigh
 ``(in, out)``), and runs :func:`unitrain.models.apply` on this backend's ops. A layer the
 adapter has never heard of, a user's own included, trains like a built-in one. Calling it in
 training mode assigns the moved state, as torch's forward does; eval mode changes nothing.
+
+``PortableModule`` is the name of this concept in every adapter's ``layers`` module, so a
+reader of one adapter finds it in the others (torch's is an ``nn.Module``, JAX's the pure
+apply function). It was ``TFPortable``, which still works, with a deprecation warning.
 """
 
 from __future__ import annotations

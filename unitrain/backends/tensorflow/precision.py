@@ -9,22 +9,18 @@
   Keras model carries its own dtype policy (``keras.mixed_precision``), so it is refused here
   rather than cast behind its back.
 - ``"16-mixed"``: the scale and the count of finite updates are device variables, advanced
-  in-graph by :func:`unitrain.backends.precision.next_loss_scale` on ``tf.where``.
+  in-graph by :func:`unitrain.backends.precision.next_loss_scale` on ``tf.where``; the rest of
+  the scaler (when it runs, its checkpoint entries) is
+  :class:`~unitrain.backends.common.loss_scale.AbstractLossScale`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from unitrain.backends.precision import (
-    GOOD_STEPS_KEY,
-    SCALE_KEY,
-    next_loss_scale,
-    take_scaler_state,
-)
+from unitrain.backends.common.loss_scale import AbstractLossScale
 from unitrain.backends.protocol import BackendOptions
 
 __all__ = ["LossScale", "set_matmul_precision"]
@@ -37,7 +33,7 @@ def set_matmul_precision(precision: str) -> None:
     tf.config.experimental.enable_tensor_float_32_execution(precision != "highest")
 
 
-class LossScale:
+class LossScale(AbstractLossScale):
     """The ``"16-mixed"`` loss scaler of one backend, as device variables (inactive otherwise).
 
     Args:
@@ -45,11 +41,17 @@ class LossScale:
     """
 
     def __init__(self, options: BackendOptions) -> None:
-        self.rule = options.loss_scaler
-        self.active = options.precision == "16-mixed"
+        super().__init__(options, tf.where)
         scale, good = self.rule.initial_state()
         self.scale = tf.Variable(scale, trainable=False, name="loss_scale")
         self.good_steps = tf.Variable(good, trainable=False, name="loss_scale_good_steps")
+
+    def _read(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.scale.read_value(), self.good_steps.read_value()
+
+    def _write(self, scale: Any, good_steps: Any) -> None:
+        self.scale.assign(scale)
+        self.good_steps.assign(good_steps)
 
     def scaled(self, loss: tf.Tensor) -> tf.Tensor:
         """``loss`` times the scale (traced), or ``loss`` itself when inactive."""
@@ -61,28 +63,3 @@ class LossScale:
             return grads
         inverse = 1.0 / self.scale.read_value()
         return [g * inverse for g in grads]
-
-    def advance(self, finite: tf.Tensor) -> None:
-        """Assign the scaler's state after an update whose gradients were ``finite`` or not."""
-        if self.active:
-            scale, good = next_loss_scale(
-                self.rule, self.scale.read_value(), self.good_steps.read_value(), finite, tf.where
-            )
-            self.scale.assign(scale)
-            self.good_steps.assign(good)
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The scaler's state-dict entries (none when inactive)."""
-        if not self.active:
-            return {}
-        return {
-            SCALE_KEY: np.array(self.scale.numpy(), np.float32),
-            GOOD_STEPS_KEY: np.array(self.good_steps.numpy(), np.int64),
-        }
-
-    def load(self, optimizer_state: dict[str, Any]) -> None:
-        """Take the scaler's entries out of ``optimizer_state`` and assign them."""
-        if self.active:
-            scale, good = take_scaler_state(optimizer_state)
-            self.scale.assign(scale)
-            self.good_steps.assign(good)

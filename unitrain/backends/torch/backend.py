@@ -46,6 +46,7 @@ from unitrain.backends.torch.loops import UpdateLoops
 from unitrain.backends.torch.model import batch_loss_in_ops, loss_function, structured_tensors
 from unitrain.backends.torch.optimizers import optimizer_for
 from unitrain.backends.torch.precision import (
+    LossScale,
     MixedPrecision,
     cpu_float16_autocast,
     set_matmul_precision,
@@ -96,6 +97,7 @@ class TorchBackend:
             make_deterministic(self.torch_device)
         set_matmul_precision(options.matmul_precision)
         self._mixed = MixedPrecision(options, self.torch_device)
+        self.loss_scale = LossScale(options)
         torch.manual_seed(options.seed)
         if isinstance(model, AbstractLayer):
             self.module: nn.Module = PortableModule(
@@ -133,7 +135,7 @@ class TorchBackend:
         self._numpy_dtype = numpy_dtype(self.dtype)
         self._all_finite = finite_check(self.torch_device, self.dtype)
         native = self.optimizer.native
-        on_host = reads_flag_on_host(self.torch_device, self._mixed.scaled, native)
+        on_host = reads_flag_on_host(self.torch_device, self.loss_scale.active, native)
         self._guard = None if on_host else device_guard(native, options.grad_clip_norm)
 
     @property
@@ -309,7 +311,7 @@ class TorchBackend:
         finite): the loss is multiplied by ``loss * 0 + 1``, detached, which is exactly 1.0
         for a finite loss and NaN otherwise. Two scalar ops, no host sync.
         """
-        scale = self._mixed.loss_multiplier(scale)
+        scale = self.loss_scale.multiplier(scale)
         if (loss := self._loss) is None:
             raise ConfigError("backward() needs a forward() first; each loss is used once")
         loss = loss * (loss.detach() * 0 + 1)
@@ -323,9 +325,9 @@ class TorchBackend:
             self._guard.check(grads)
             self._update(lr)
             return
-        self._mixed.unscale(grads)
+        self.loss_scale.unscale(grads)
         finite = not grads or self._gradients_finite(grads)
-        self._mixed.update(finite)
+        self.loss_scale.advance(torch.tensor(finite))
         if not finite:
             self._skipped += 1
             self.optimizer.zero_grad()
@@ -421,7 +423,7 @@ class TorchBackend:
             state[f"optimizer.{key}"] = host(tensor)
         self._settle()
         state["optimizer.step"] = np.asarray(self._step, np.int64)
-        state.update({f"optimizer.{k}": v for k, v in self._mixed.state().items()})
+        state.update({f"optimizer.{k}": v for k, v in self.loss_scale.state().items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -430,7 +432,7 @@ class TorchBackend:
         model, opt = split_state(state)
         self._settle()  # what was skipped before the load stays counted as skipped
         self._step = int(opt.pop("step"))
-        self._mixed.load(opt)
+        self.loss_scale.load(opt)
         with torch.no_grad():
             for name, tensor in self._model_tensors().items():
                 tensor.copy_(tensor_like(model[name], tensor))  # sharded when the tensor is

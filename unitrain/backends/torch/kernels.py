@@ -13,6 +13,11 @@ two updates on the same tensors (with a state round-trip through ``Optimizer.loa
 between them, as a resume does), and the candidate is used only if it agrees to within a few
 units in the last place. The probe costs about a millisecond, once per process. The
 conformance kit then holds whatever was chosen to the float64 reference.
+
+:func:`on_fastest_kernel` is not an optimizer builder of its own (that is
+:func:`.optimizers.optimizer_for`, the name in every adapter): it only picks the kernel of the
+torch class a native form uses. It was ``build_optimizer``, which still works, with a
+deprecation warning.
 """
 
 from __future__ import annotations
@@ -23,15 +28,19 @@ from typing import Any
 import torch
 
 from unitrain import optim
+from unitrain.backends.common.renamed import renamed_getattr
 
 __all__ = [
     "DeviceGuard",
-    "build_optimizer",
     "device_guard",
     "finite_check",
+    "on_fastest_kernel",
     "optimizer_kernel",
     "skips_on_device",
 ]
+
+#: The names this module used to give its functions.
+RENAMED = {"build_optimizer": "on_fastest_kernel"}
 
 #: Kernels in order of preference; "plain" always exists and is the reference.
 _KERNELS = ("fused", "foreach", "plain")
@@ -44,7 +53,7 @@ _KERNEL_ARGUMENTS: dict[str, dict[str, Any]] = {
 _UNSUPPORTED = (RuntimeError, NotImplementedError, TypeError, ValueError)
 
 
-def build_optimizer(
+def on_fastest_kernel(
     kind: Any, params: list[torch.nn.Parameter], settings: dict[str, Any]
 ) -> torch.optim.Optimizer:
     """``kind(params, lr=0.0, **settings)`` on the fastest kernel that computes correctly here.
@@ -278,3 +287,6 @@ def skips_on_device(
 def _snapshot(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[Any]:
     state = [v for p in params for v in optimizer.state[p].values() if torch.is_tensor(v)]
     return [t.detach().clone() for t in [*params, *state]]
+
+
+__getattr__ = renamed_getattr(__name__, RENAMED, globals())

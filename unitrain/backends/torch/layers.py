@@ -11,6 +11,10 @@ The tensors hang off plain ``nn.Module`` containers along their dotted path, so
 names, in the canonical layouts (linear ``(in, out)``, conv ``(kh, kw, in, out)``): a
 checkpoint needs no renaming or transposing, and DDP, autocast and optimizers see an ordinary
 module.
+
+``PortableModule`` is the name of this concept in every adapter's ``layers`` module, so a
+reader of one adapter finds it in the others (TensorFlow's is a ``tf.Module``, JAX's the pure
+apply function).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Any optimizer runs by its :meth:`~unitrain.optim.AbstractOptimizer.update`, writ
 :mod:`unitrain.ops`, one parameter at a time (:class:`ForeachOptimizer` over :func:`in_ops`).
 :data:`OPTIMIZERS` keeps faster forms that the kit holds to that rule: torch's own classes where
 their formulas are the rule's (SGD, Adam, RMSprop), on the fastest kernel that computes them
-correctly here (:func:`.kernels.build_optimizer` decides by running them), and
+correctly here (:func:`.kernels.on_fastest_kernel` decides by running them), and
 ``torch._foreach`` ops for AdamW, whose torch class decays the weights in a separate multiply.
 
 Parameter groups (:class:`unitrain.optim.Group`) become torch's own param groups in a native
@@ -25,7 +25,7 @@ from torch import nn
 from unitrain import ops, optim
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.backends.torch.core import tensor_like
-from unitrain.backends.torch.kernels import build_optimizer
+from unitrain.backends.torch.kernels import on_fastest_kernel
 
 __all__ = [
     "OPTIMIZERS",
@@ -60,7 +60,7 @@ class TorchOptimizer(Protocol):
 
 class NativeOptimizer:
     """A ``torch.optim`` class whose formulas are the reference's, on the fastest kernel that
-    computes them correctly here (:func:`build_optimizer`), its state under canonical names.
+    computes them correctly here (:func:`on_fastest_kernel`), its state under canonical names.
 
     torch uses fused or multi-tensor kernels by default only when every parameter is on CUDA;
     on the CPU it loops over the parameters in Python, one op per tensor. For the 32-64-10 MLP
@@ -88,7 +88,7 @@ class NativeOptimizer:
     ) -> None:
         self.params = dict(params)
         self.names = {slot: names[slot] for slot in spec.state_slots}
-        optimizer = build_optimizer(kind, list(self.params.values()), settings(spec))
+        optimizer = on_fastest_kernel(kind, list(self.params.values()), settings(spec))
         groups = optim.parameter_groups(spec, self.params)
         if spec.groups:  # torch's param groups, on the kernel chosen for the whole model
             optimizer = kind(

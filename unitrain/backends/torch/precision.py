@@ -9,6 +9,9 @@
   host tensors: the update already reads the non-finite flag on the host (see
   ``TorchBackend._gradients_finite``), so the scaler adds no sync of its own. torch's own
   ``GradScaler`` is not used: its rule has no upper bound and lives in a different state.
+  The backend holds it apart from autocast, as :class:`LossScale`, the name of the loss
+  scaler in every adapter that keeps it in an object
+  (:class:`~unitrain.backends.common.loss_scale.AbstractLossScale`).
 """
 
 from __future__ import annotations
@@ -16,18 +19,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import numpy as np
 import torch
 
-from unitrain.backends.precision import (
-    GOOD_STEPS_KEY,
-    SCALE_KEY,
-    next_loss_scale,
-    take_scaler_state,
-)
+from unitrain.backends.common.loss_scale import AbstractLossScale
 from unitrain.backends.protocol import BackendOptions
 
-__all__ = ["MixedPrecision", "cpu_float16_autocast", "set_matmul_precision"]
+__all__ = ["LossScale", "MixedPrecision", "cpu_float16_autocast", "set_matmul_precision"]
 
 _COMPUTE_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -49,21 +46,15 @@ def cpu_float16_autocast() -> bool:
 
 
 class MixedPrecision:
-    """Autocast and the loss scaler of one backend, as its ``options`` ask.
+    """Autocast of one backend, as its ``options`` ask.
 
     Attributes:
         compute_dtype: the autocast dtype, or None under ``"32"``.
-        scaled: whether the loss scaler runs (``"16-mixed"``).
     """
 
     def __init__(self, options: BackendOptions, device: torch.device) -> None:
-        self.rule = options.loss_scaler
         self.compute_dtype = _COMPUTE_DTYPES.get(options.precision)
-        self.scaled = options.precision == "16-mixed"
         self._device_type = device.type
-        scale, good = self.rule.initial_state()
-        self.scale = torch.tensor(scale)  # host tensors: read with the finite flag
-        self.good_steps = torch.tensor(good)
 
     def autocast(self) -> Any:
         """The context the forward runs in: autocast to the compute dtype, or nothing."""
@@ -71,33 +62,31 @@ class MixedPrecision:
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self.compute_dtype)
 
-    def loss_multiplier(self, scale: float) -> float:
+
+class LossScale(AbstractLossScale):
+    """The ``"16-mixed"`` loss scaler of one backend, as host tensors (inactive otherwise).
+
+    Args:
+        options: the backend's options (``precision`` and ``loss_scaler``).
+    """
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options, torch.where)
+        scale, good = self.rule.initial_state()
+        self.scale = torch.tensor(scale)  # host tensors: read with the finite flag
+        self.good_steps = torch.tensor(good)
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.scale, self.good_steps
+
+    def _write(self, scale: Any, good_steps: Any) -> None:
+        self.scale, self.good_steps = torch.as_tensor(scale), torch.as_tensor(good_steps)
+
+    def multiplier(self, scale: float) -> float:
         """What to multiply the loss by before backward: ``scale`` times the loss scale."""
-        return scale * float(self.scale) if self.scaled else scale
+        return scale * float(self.scale) if self.active else scale
 
     def unscale(self, grads: list[torch.Tensor]) -> None:
         """Divide ``grads`` by the loss scale in place (exact: the scale is a power of two)."""
-        if self.scaled and grads:
+        if self.active and grads:
             torch._foreach_mul_(grads, 1.0 / float(self.scale))
-
-    def update(self, finite: bool) -> None:
-        """Advance the scaler after an update whose gradients were ``finite`` or not."""
-        if self.scaled:
-            self.scale, self.good_steps = next_loss_scale(
-                self.rule, self.scale, self.good_steps, torch.tensor(finite), torch.where
-            )
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The scaler's state-dict entries (none unless scaled)."""
-        if not self.scaled:
-            return {}
-        return {
-            SCALE_KEY: np.array(self.scale.item(), np.float32),
-            GOOD_STEPS_KEY: np.array(self.good_steps.item(), np.int64),
-        }
-
-    def load(self, optimizer_state: dict[str, np.ndarray]) -> None:
-        """Take the scaler's entries out of ``optimizer_state`` and restore them."""
-        if self.scaled:
-            scale, good = take_scaler_state(optimizer_state)
-            self.scale, self.good_steps = torch.tensor(scale), torch.tensor(good)

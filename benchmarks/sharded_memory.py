@@ -10,12 +10,22 @@ state (a sharded tensor's local shard), their sum, and the process's peak reside
         --nproc_per_node=4 benchmarks/sharded_memory.py                   # 4 sharded workers
     UNITRAIN_SHARD=0 python -m torch.distributed.run --standalone \\
         --nproc_per_node=4 benchmarks/sharded_memory.py                   # 4 DDP workers
+
+With ``SAVE_TO=DIR`` sharded workers then write a checkpoint of the state to ``DIR`` each
+writing its own rows, and report the host memory the save copied the state into
+(``save_copies_mib``: numpy allocations traced by ``tracemalloc``), the bytes of this
+worker's files and the seconds; and, for comparison, the host memory a gathered state dict
+takes on every worker (``gather_copies_mib``: what a save through one process needs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import time
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,7 +80,40 @@ def main() -> None:
         "state_mib": (params + grads + slots) / mib,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if os.environ.get("SAVE_TO") and hasattr(strategy, "exchange"):
+        report.update(save_costs(backend, strategy, Path(os.environ["SAVE_TO"])))
     print(json.dumps(report), flush=True)
+
+
+def save_costs(backend: Any, strategy: Any, folder: Path) -> dict[str, float]:
+    """A sharded save's host copies, bytes and time against a gathered state dict's copies."""
+    from unitrain.backends.state import split_state
+    from unitrain.checkpoint._write_shards import save_sharded_checkpoint
+
+    mib, target = 2**20, folder / "sharded"
+    tracemalloc.start()
+    started = time.perf_counter()
+    model, optimizer = split_state(backend.local_state_dict())
+    save_sharded_checkpoint(
+        target, workers=strategy, model=model, optimizer=optimizer, trainer={"epoch": 0, "step": 1}
+    )
+    seconds = time.perf_counter() - started
+    _, save_peak = tracemalloc.get_traced_memory()
+    del model, optimizer
+    tracemalloc.stop()
+    strategy.barrier()
+    mine = [f for f in target.iterdir() if f"-{strategy.rank:05d}-of-" in f.name]
+    tracemalloc.start()
+    gathered = backend.state_dict()  # every worker takes part in the gathers
+    _, gather_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del gathered
+    return {
+        "save_copies_mib": save_peak / mib,
+        "save_written_mib": sum(f.stat().st_size for f in mine) / mib,
+        "save_seconds": seconds,
+        "gather_copies_mib": gather_peak / mib,
+    }
 
 
 if __name__ == "__main__":

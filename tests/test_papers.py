@@ -167,3 +167,18 @@ def test_vae_port_objective_is_the_examples_loss(monkeypatch):
     kl = -0.5 * np.sum(1 + log_var - mean**2 - np.exp(log_var), axis=1)
     np.testing.assert_allclose(got, bce.reshape(4, -1).sum(1) + kl, rtol=1e-10)
     assert vae.VAE().output_shape((8, 8, 1)) == ((8, 8, 1), (2,), (2,))
+
+
+def test_vae_trains_in_float64_into_its_own_results_file(tmp_path):
+    """``--dtype float64`` trains the VAE in float64 and writes ``vae_float64-B.json``; its
+    first epoch is the float32 run's (35.45132 in results/vae-*.json) to float32 rounding."""
+    command = [sys.executable, str(PAPERS / "vae.py"), "--backend", "numpy", "--dtype"]
+    command += ["float64", "--stop-after", "1", "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["vae_float64-numpy.json"]
+    history = json.loads((tmp_path / "vae_float64-numpy.json").read_text())["history"]
+    float32 = json.loads((PAPERS / "results" / "vae-numpy.json").read_text())["history"]
+    assert len(history) == 1
+    assert history[0]["val_loss"] == pytest.approx(float32[0]["val_loss"], rel=1e-6)
+    assert history[0]["val_loss"] != float32[0]["val_loss"]  # not the float32 numbers

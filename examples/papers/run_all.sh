@@ -21,4 +21,7 @@ python lenet5.py --backend numpy --stop-after 1 --out "$out"
 python resnet.py --backend numpy --stop-after 1 --out "$out"
 python nanogpt.py --backend numpy --stop-after 1 --out "$out"
 python vae.py --backend numpy --stop-after 1 --out "$out"
+for backend in torch tensorflow numpy; do  # JAX trains in float32 only
+    python vae.py --backend "$backend" --dtype float64 --out "$out"
+done
 python tables.py "$out"

@@ -1,6 +1,7 @@
 """The Keras variational autoencoder (keras-io ``examples/generative/vae.py``), written once.
 
     python examples/papers/vae.py --backend torch
+    python examples/papers/vae.py --backend torch --dtype float64    # writes vae_float64-torch.json
     unitrain train examples/papers/vae.py --backend jax    # the same, as a recipe
     unitrain compare examples/papers/vae.py --backends torch,jax,tensorflow
 
@@ -154,9 +155,10 @@ def recipe(config: TrainerConfig | None = None) -> Recipe:
 def main() -> None:
     from _common import arguments, train_recipe  # beside this file, run as a script
 
-    args = arguments(__doc__.splitlines()[0], epochs=30)
-    config = TrainerConfig(epochs=args.epochs, batch_size=128, deterministic=True)
-    train_recipe("vae", args, recipe(config))
+    args = arguments(__doc__.splitlines()[0], epochs=30, dtype="float32")
+    config = TrainerConfig(epochs=args.epochs, batch_size=128, deterministic=True, dtype=args.dtype)
+    name = "vae" if args.dtype == "float32" else f"vae_{args.dtype}"  # its own results file
+    train_recipe(name, args, recipe(config))
 
 
 if __name__ == "__main__":

@@ -30,3 +30,18 @@ class TorchShardedSummed(TorchBackend):
     @staticmethod
     def sharded_strategy(workers: int | None) -> Any:
         return _SummingShards.for_request(workers)
+
+
+class TorchShardedReversedRows(TorchBackend):
+    """FSDP2 whose checkpoint holds each worker's rows in reverse order, at the right place:
+    as an engine that keeps its local shard in another order would. The layout is whole and
+    the checkpoint loads; its tensors are wrong, and the kit's resume from it must fail."""
+
+    def local_state_dict(self) -> dict[str, Any]:
+        from unitrain.checkpoint import RowShard
+
+        state = super().local_state_dict()
+        return {
+            name: v._replace(value=v.value[::-1].copy()) if isinstance(v, RowShard) else v
+            for name, v in state.items()
+        }

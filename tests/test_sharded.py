@@ -253,6 +253,18 @@ def test_the_kit_fails_fsdp_averaging_that_sums(monkeypatch):
     assert "2 sharded workers vs 1 with the global batch" in result.reason
 
 
+@pytest.mark.harness  # one launch of two torch workers
+def test_the_kit_fails_a_sharded_checkpoint_whose_rows_are_wrong(monkeypatch):
+    """Each worker's rows stored reversed: the checkpoint is whole and loads, but resuming
+    from it does not continue the run."""
+    pytest.importorskip("torch")
+    _with_tests_on_path(monkeypatch)
+    target = "_sharded_trap_torch:TorchShardedReversedRows"
+    [result] = check_backend(target, device="cpu", dtypes=["float64"], keyword="sharded")
+    assert result.status == "failed", result.reason
+    assert result.reason.startswith("2 sharded workers resumed on as many vs uninterrupted")
+
+
 def test_the_kit_skips_sharding_where_the_engine_has_none():
     pytest.importorskip("tensorflow")
     [result] = check_backend("tensorflow", device="cpu", dtypes=["float32"], keyword="sharded")

@@ -226,3 +226,14 @@ def test_inspect_shows_the_workers_files_and_each_tensor_s_rows(tmp_path, capsys
     assert any("model.b" in line and "rows 1|1|0|0" in line for line in out.splitlines())
     step = [line for line in out.splitlines() if "optimizer.step" in line]
     assert step and "rows" not in step[0]  # written whole by rank 0
+
+
+def test_rows_that_do_not_follow_one_another_are_refused_on_writing(tmp_path):
+    def mirrored(rank, model, optimizer):
+        return {k: v._replace(start=v.rows - v.stop) for k, v in model.items()}, optimizer
+
+    results = save_on_workers(tmp_path / "ckpt", 2, state_of=mirrored)
+    assert isinstance(results[0], CheckpointError)
+    assert "rows do not cover each tensor once" in str(results[0])
+    assert "local_state_dict gives wrong rows" in str(results[0])
+    assert not (tmp_path / "ckpt").exists()

@@ -117,7 +117,14 @@ class ShardLayout:
                     "rows": [[h[0], h[1]] for h in held],
                 }
         layout = cls(len(pieces), tensors)
-        layout.check("sharded checkpoint")
+        try:
+            layout.check("sharded checkpoint")
+        except CheckpointError as error:
+            raise CheckpointError(
+                f"sharded checkpoint: the workers' rows do not cover each tensor once, worker "
+                f"after worker ({str(error).split('; ', 1)[0]}); the backend's "
+                "local_state_dict gives wrong rows — nothing was saved"
+            ) from None
         return layout
 
     def encode(self) -> bytes:

@@ -169,6 +169,7 @@ def test_vae_port_objective_is_the_examples_loss(monkeypatch):
     assert vae.VAE().output_shape((8, 8, 1)) == ((8, 8, 1), (2,), (2,))
 
 
+@pytest.mark.harness  # a float64 epoch of the VAE on numpy: 11 s on 2 busy cores
 def test_vae_trains_in_float64_into_its_own_results_file(tmp_path):
     """``--dtype float64`` trains the VAE in float64 and writes ``vae_float64-B.json``; its
     first epoch is the float32 run's (35.45132 in results/vae-*.json) to float32 rounding."""
@@ -182,3 +183,17 @@ def test_vae_trains_in_float64_into_its_own_results_file(tmp_path):
     assert len(history) == 1
     assert history[0]["val_loss"] == pytest.approx(float32[0]["val_loss"], rel=1e-6)
     assert history[0]["val_loss"] != float32[0]["val_loss"]  # not the float32 numbers
+
+
+@pytest.mark.harness  # two float64 epochs of the VAE on numpy: 14 s on 2 busy cores
+def test_sensitivity_moves_one_weight_by_one_float32_ulp(tmp_path):
+    """In float64 the one-ulp move shows after the VAE's first epoch, and stays tiny there
+    (1.7e-12 relative on torch): the script moved a weight, and only by a rounding."""
+    command = [sys.executable, str(PAPERS / "sensitivity.py"), "vae", "--backend", "numpy"]
+    command += ["--dtype", "float64", "--stop-after", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "moved model.decoder.0.weight[0] by one float32 ulp" in result.stdout
+    row = result.stdout.strip().splitlines()[-1].strip("| ").split(" | ")
+    assert row[0] == "1" and float(row[1]) == pytest.approx(35.4513191, rel=1e-7), row
+    assert 0 < float(row[3]) < 1e-9, row

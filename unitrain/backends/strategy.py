@@ -312,10 +312,26 @@ def training_shards(strategy: Strategy, batch: Batch) -> list[tuple[Batch, float
     return shards
 
 
+def _loss_count(batch: Batch, shard: Batch) -> float:
+    """What ``shard``'s loss counts for: ``batch``'s examples times the shard's share of the
+    sample weights, or without weights the shard's examples (exactly, with no rounding)."""
+    if len(batch) == 3 and batch[2] is not None:
+        total = float(np.sum(np.asarray(batch[2], np.float64)))
+        if total > 0:
+            part = float(np.sum(np.asarray(shard[2], np.float64)))
+            return num_examples(batch) * part / total
+    return num_examples(shard)
+
+
 def evaluate_over_workers(
     backend: Any, strategy: Strategy, batches: Iterable[Batch], label: str
 ) -> dict[str, float]:
     """Example-weighted mean metrics of ``batches``, each worker evaluating its slices.
+
+    One process counts each batch's loss (a weighted mean under sample weights) by the
+    batch's examples; a slice's loss is counted by the batch's examples times the slice's
+    share of the weights, so the slices' sum is that batch's term on any number of workers.
+    The other metrics are means over examples, counted by the slice's examples.
 
     Raises:
         DataError: no worker saw an example.
@@ -325,8 +341,9 @@ def evaluate_over_workers(
     for batch in batches:
         for shard, _ in strategy.shards(batch):
             n = num_examples(shard)
+            counts = {"loss": _loss_count(batch, shard)}
             for key, value in backend.evaluate(shard).items():
-                sums[key] = sums.get(key, 0.0) + value * n
+                sums[key] = sums.get(key, 0.0) + value * counts.get(key, n)
             count += n
     if strategy.world_size > 1:
         sums, count = reduce_sums(strategy, sums, count)

@@ -23,8 +23,9 @@ Epochs are cut to ``--steps`` steps (8 by default) so a count takes minutes, not
 callgrind runs the instrumented steps some 50-100x slower, and importing a framework and
 compiling under valgrind takes minutes even uninstrumented. Without ``--tree`` the installed
 unitrain is counted; without ``--no-native`` each backend's native loop is counted too. A
-tree is put first on ``PYTHONPATH`` (an editable install's finder comes after it), and each
-child reports the ``unitrain`` file it imported, so a wrong tree shows in the output. Needs
+tree is put first on the child's ``sys.path`` (ahead of the repository, which ``python -m``
+puts first, and of an editable install), and a child that imported unitrain from anywhere
+else fails; each reports the file it imported. Needs
 ``valgrind`` with its headers (``valgrind/callgrind.h``) and a C compiler.
 """
 
@@ -56,6 +57,9 @@ __all__ = ["Counts", "main", "per_step", "read_dump"]
 WARMUP = 2
 #: Counted segments, in units of ``K`` epochs: the first and last are equal, as a check.
 SEGMENTS = (1, 2, 1)
+
+#: Where a child imports unitrain from (a ``--tree`` directory), set by the parent.
+TREE_VARIABLE = "INSTRUCTIONS_UNITRAIN_TREE"
 
 _CLIENT_SOURCE = r"""
 #include <valgrind/callgrind.h>
@@ -123,6 +127,9 @@ def run_child(
     method_name: str, workloads: list[str], epochs_per_unit: int, steps: int, library: str
 ) -> None:
     """Train ``workloads`` one after another in this process (run under callgrind)."""
+    tree = os.environ.get(TREE_VARIABLE)
+    if tree:  # ahead of the working directory, which ``python -m`` puts first
+        sys.path.insert(0, tree)
     from benchmarks._worker import pin_threads
     from benchmarks.methods import METHODS, train
 
@@ -136,6 +143,8 @@ def run_child(
         train(method, shortened(name, steps), gate)
         report["losses"][name] = gate.losses
     report["unitrain"] = getattr(sys.modules.get("unitrain"), "__file__", None)
+    if tree and not str(report["unitrain"]).startswith(tree):
+        raise SystemExit(f"imported unitrain from {report['unitrain']}, not from {tree}")
     print(json.dumps(report), flush=True)
 
 
@@ -198,7 +207,7 @@ def count_method(
     out.mkdir(parents=True)
     env = child_env(backend)
     if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env["PYTHONPATH"]])
+        env[TREE_VARIABLE] = str(tree)
     command = [
         "valgrind",
         "--tool=callgrind",

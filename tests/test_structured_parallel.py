@@ -200,10 +200,11 @@ def _recipe_module() -> types.ModuleType:
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_weighted_validation_is_one_worker_s_on_simulated_workers(workers):
-    """A weighted batch's validation loss is a weighted mean; its slices' losses, counted by
-    their share of the weights, add up to one process's number for any worker count (counted
-    by their examples they gave 1.969 where one process gives 1.861 after the first epoch)."""
+def test_weighted_losses_are_one_worker_s_on_simulated_workers(workers):
+    """A weighted batch's loss is a weighted mean; its slices' losses, counted by their share
+    of the weights, add up to one process's number for any worker count, in validation and
+    in the logged training loss (counted by their examples they gave 1.969 where one process
+    gives 1.861 after the first epoch, and 2.2929 where it gives 2.2769 in training)."""
     losses = []
     for strategy in (None, SimulatedWorkers(workers)):
         recipe = _recipe_module().recipe()
@@ -217,6 +218,6 @@ def test_weighted_validation_is_one_worker_s_on_simulated_workers(workers):
             strategy=strategy,
         )
         trainer.fit(*recipe.data)
-        losses.append([row["val_loss"] for row in trainer.history])
-    assert len(losses[0]) == 3
+        losses.append([row[key] for row in trainer.history for key in ("val_loss", "loss")])
+    assert len(losses[0]) == 6
     assert losses[1] == pytest.approx(losses[0], rel=1e-13), losses  # summation order only

@@ -260,7 +260,8 @@ class FitLoop:
             for batch, n in zip(group, sizes):
                 for shard, weight in training_shards(self.run.strategy, batch):
                     loss = calls.forward(shard, step=state.step, micro_batch=micro_batch)
-                    self._running.add(loss, num_examples(shard))
+                    share = _counted_as(shard, batch, n)
+                    self._running.add(loss, num_examples(shard), counts_as=share)
                     backend.backward(weight * n / total)
                     micro_batch += 1
             backend.step(lr)
@@ -373,3 +374,12 @@ class FitLoop:
         metrics = {f"val_{k}": v for k, v in results.items()}
         self.run.callbacks.call("on_validation_end", self.run, metrics)
         return metrics
+
+
+def _counted_as(shard: Batch, batch: Batch, weight: float) -> float | None:
+    """How many of ``batch``'s examples a worker's slice's mean loss stands for in the
+    epoch's mean: with sample weights (``weight`` their sum), its share of them; else None
+    (its own examples, with no new rounding)."""
+    if len(batch) != 3 or batch[2] is None or shard is batch:
+        return None
+    return num_examples(batch) * batch_weight(shard) / weight

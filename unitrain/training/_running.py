@@ -35,12 +35,19 @@ class RunningLoss:
         """Start over from ``total`` over ``count`` examples (zero, or a checkpoint's)."""
         self._total, self.count = float(total), int(count)
         self._values: list[Any] = []
-        self._sizes: list[int] = []
+        self._sizes: list[float] = []
 
-    def add(self, loss: Any, batch_size: int, steps: int = 1) -> None:
-        """Record a batch-mean loss (or a vector of ``steps`` of them) over ``batch_size``."""
+    def add(
+        self, loss: Any, batch_size: int, steps: int = 1, counts_as: float | None = None
+    ) -> None:
+        """Record a batch-mean loss (or a vector of ``steps`` of them) over ``batch_size``.
+
+        ``counts_as``: how many examples the loss stands for in the sum, where that is not
+        ``batch_size``: a worker's slice of a batch with sample weights stands for its share
+        of the weights, so the workers' sums add up to one process's.
+        """
         self._values.append(loss)
-        self._sizes.append(batch_size)
+        self._sizes.append(batch_size if counts_as is None else counts_as)
         self.count += batch_size * steps
         if len(self._values) >= self.FOLD_EVERY:
             self.total()

@@ -44,6 +44,7 @@ __all__ = [
     "check_splittable",
     "dropout_index",
     "evaluate_over_workers",
+    "loss_count",
     "reduce_sums",
     "shard_bounds",
     "strategy_for",
@@ -312,7 +313,7 @@ def training_shards(strategy: Strategy, batch: Batch) -> list[tuple[Batch, float
     return shards
 
 
-def _loss_count(batch: Batch, shard: Batch) -> float:
+def loss_count(batch: Batch, shard: Batch) -> float:
     """What ``shard``'s loss counts for: ``batch``'s examples times the shard's share of the
     sample weights, or without weights the shard's examples (exactly, with no rounding)."""
     if len(batch) == 3 and batch[2] is not None:
@@ -341,7 +342,7 @@ def evaluate_over_workers(
     for batch in batches:
         for shard, _ in strategy.shards(batch):
             n = num_examples(shard)
-            counts = {"loss": _loss_count(batch, shard)}
+            counts = {"loss": loss_count(batch, shard)}
             for key, value in backend.evaluate(shard).items():
                 sums[key] = sums.get(key, 0.0) + value * counts.get(key, n)
             count += n

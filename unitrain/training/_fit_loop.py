@@ -24,7 +24,7 @@ import numpy as np
 from unitrain._errors import ConfigError, NonFiniteError
 from unitrain.backends.numbering import NumberedCalls
 from unitrain.backends.protocol import DeviceData, FusedStep, MultiStep, Prefetch, ToHost
-from unitrain.backends.strategy import check_splittable, training_shards
+from unitrain.backends.strategy import check_splittable, loss_count, training_shards
 from unitrain.data import ArrayLoader, BatchSource
 from unitrain.structure import batch_weight, num_examples
 from unitrain.training._evaluation import evaluate
@@ -260,7 +260,7 @@ class FitLoop:
             for batch, n in zip(group, sizes):
                 for shard, weight in training_shards(self.run.strategy, batch):
                     loss = calls.forward(shard, step=state.step, micro_batch=micro_batch)
-                    share = _counted_as(shard, batch, n)
+                    share = loss_count(batch, shard)  # its share of a weighted batch
                     self._running.add(loss, num_examples(shard), counts_as=share)
                     backend.backward(weight * n / total)
                     micro_batch += 1
@@ -374,12 +374,3 @@ class FitLoop:
         metrics = {f"val_{k}": v for k, v in results.items()}
         self.run.callbacks.call("on_validation_end", self.run, metrics)
         return metrics
-
-
-def _counted_as(shard: Batch, batch: Batch, weight: float) -> float | None:
-    """How many of ``batch``'s examples a worker's slice's mean loss stands for in the
-    epoch's mean: with sample weights (``weight`` their sum), its share of them; else None
-    (its own examples, with no new rounding)."""
-    if len(batch) != 3 or batch[2] is None or shard is batch:
-        return None
-    return num_examples(batch) * batch_weight(shard) / weight

@@ -32,7 +32,7 @@ import numpy as np
 
 from unitrain._errors import ConfigError, DataError
 from unitrain.backends.sharded import Sharded, shard_requested, sharded_strategy_for
-from unitrain.structure import is_plain_pair, num_examples, slice_rows
+from unitrain.structure import batch_weight, is_plain_pair, num_examples, slice_rows
 
 __all__ = [
     "DataParallel",
@@ -313,14 +313,14 @@ def training_shards(strategy: Strategy, batch: Batch) -> list[tuple[Batch, float
     return shards
 
 
-def loss_count(batch: Batch, shard: Batch) -> float:
+def loss_count(batch: Batch, shard: Batch, total: float | None = None) -> float:
     """What ``shard``'s loss counts for: ``batch``'s examples times the shard's share of the
-    sample weights, or without weights the shard's examples (exactly, with no rounding)."""
+    sample weights, or without weights the shard's examples (exactly, with no rounding).
+    ``total``: ``batch_weight(batch)`` where the caller has it already."""
     if len(batch) == 3 and batch[2] is not None:
-        total = float(np.sum(np.asarray(batch[2], np.float64)))
+        total = batch_weight(batch) if total is None else total
         if total > 0:
-            part = float(np.sum(np.asarray(shard[2], np.float64)))
-            return num_examples(batch) * part / total
+            return num_examples(batch) * batch_weight(shard) / total
     return num_examples(shard)
 
 

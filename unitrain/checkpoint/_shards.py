@@ -117,14 +117,13 @@ class ShardLayout:
                     "rows": [[h[0], h[1]] for h in held],
                 }
         layout = cls(len(pieces), tensors)
-        try:
-            layout.check("sharded checkpoint")
-        except CheckpointError as error:
+        bad = layout._bad_entry()
+        if bad is not None:
             raise CheckpointError(
                 f"sharded checkpoint: the workers' rows do not cover each tensor once, worker "
-                f"after worker ({str(error).split('; ', 1)[0]}); the backend's "
-                "local_state_dict gives wrong rows — nothing was saved"
-            ) from None
+                f"after worker ({bad}); the backend's local_state_dict gives wrong rows — "
+                "nothing was saved"
+            )
         return layout
 
     def encode(self) -> bytes:
@@ -151,11 +150,18 @@ class ShardLayout:
     def check(self, where: str) -> None:
         """Every entry names a storable dtype and a shape, and its rows cover the first axis
         once, worker after worker."""
+        bad = self._bad_entry(where)
+        if bad is not None:
+            raise _damaged(where, bad)
+
+    def _bad_entry(self, where: str = "sharded checkpoint") -> str | None:
+        """What is wrong with the first entry that is not valid (None: all are)."""
         for kind, entries in self.tensors.items():
             for name, entry in entries.items():
                 check_tensor_name(name, where)
                 if not _entry_valid(entry, self.workers):
-                    raise _damaged(where, f"{kind} tensor {name!r} has a bad entry {entry!r:.200}")
+                    return f"{kind} tensor {name!r} has a bad entry {entry!r:.200}"
+        return None
 
     def assemble(self, kind: str) -> dict[str, np.ndarray]:
         """Empty full arrays of ``kind``'s sharded tensors, for :meth:`fill` to complete."""

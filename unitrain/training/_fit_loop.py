@@ -260,7 +260,7 @@ class FitLoop:
             for batch, n in zip(group, sizes):
                 for shard, weight in training_shards(self.run.strategy, batch):
                     loss = calls.forward(shard, step=state.step, micro_batch=micro_batch)
-                    share = loss_count(batch, shard)  # its share of a weighted batch
+                    share = loss_count(batch, shard, n)  # its share of a weighted batch
                     self._running.add(loss, num_examples(shard), counts_as=share)
                     backend.backward(weight * n / total)
                     micro_batch += 1

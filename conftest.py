@@ -2,7 +2,7 @@
 
 - ``unitrain/conformance/test_kit.py``: the kit's entry point for ``pytest --pyargs
   unitrain.conformance --unitrain-backend ...``, not a test of this repository (the kit's
-  tests here run it through ``tests/test_conformance*.py``), except in such a run;
+  tests here run it through ``tests/conformance/test_conformance*.py``), except in such a run;
 - the old module paths kept for compatibility (:mod:`unitrain._moved`): importing one warns,
   which this run turns into an error; ``tests/test_moved_paths.py`` tests them;
 - an adapter whose framework is not installed, as ``pytest.importorskip`` would.

@@ -9,7 +9,7 @@ CUDA GPU and no network. For each backend given (default: torch and jax):
    SIGKILL after its second epoch then resumed with ``--resume latest``: the two final
    checkpoints must be bit-identical; the GPU checkpoint is then evaluated on the CPU by the
    numpy reference backend, which must find the GPU run's validation loss;
-3. the native BatchNorm CNN tests (tests/test_native_model_state.py) on the GPU: running
+3. the native BatchNorm CNN tests (tests/models/test_native_model_state.py) on the GPU: running
    statistics checkpointed, SIGKILL + resume bit-identical, loaded back into the native model;
 4. speed (``benchmarks/gpu_bench.py``, unless ``--no-bench``): unitrain against native loops
    at equal precision, and mixed precision against float32, for the torch and jax backends
@@ -199,7 +199,7 @@ def agreement(backends: list[str], device: str, epochs: int = 4) -> dict:
 
 
 def native_state(backends: list[str], device: str) -> dict:
-    """The native BatchNorm CNN tests of tests/test_native_model_state.py on the GPU."""
+    """The native BatchNorm CNN tests of tests/models/test_native_model_state.py on the GPU."""
     done = subprocess.run(
         [
             sys.executable,

@@ -200,3 +200,20 @@ def test_run_state_modules_import_alone(module):
         [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_tests_are_laid_out_like_the_package():
+    """A test of ``unitrain/<part>/`` lives in ``tests/<part>/``; tests of the top-level
+    modules and of the project as a whole (docs, packaging, layering) stay in ``tests/``."""
+    tests = ROOT / "tests"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name[0] not in "._")
+    assert folders, "tests/ has no package folders"
+    for name in folders:
+        assert (PACKAGE / name / "__init__.py").is_file(), (
+            f"tests/{name}/ mirrors no package: unitrain/{name}/ does not exist"
+        )
+        assert any((tests / name).glob("test_*.py")), f"tests/{name}/ holds no test module"
+    top = {p.stem.removeprefix("test_") for p in tests.glob("test_*.py")}
+    assert not top & set(folders), (
+        f"tests of a package stand beside its folder: {top & set(folders)}"
+    )

@@ -3,7 +3,7 @@
 Each :class:`OpCase` names the contract function it exercises, the arrays it takes (made
 from a seed, so every backend sees the same numbers) and a call written against an ops
 module, operators included. The numpy reference's derivatives are checked on these cases
-against finite differences (``tests/test_ops_reference.py``); every backend's forward and
+against finite differences (``tests/ops/test_ops_reference.py``); every backend's forward and
 vector-Jacobian product are checked against the reference on them (:mod:`._op_run` runs a
 case).
 

@@ -26,7 +26,7 @@ is added with the semantics written down here, where frameworks disagree. Conven
   these ops, so every backend draws the same bits.
 
 Every name in :data:`CONTRACT` is a function here and in each backend's ops module, with the
-same parameters; ``tests/test_ops_contract.py`` checks it.
+same parameters; ``tests/ops/test_ops_contract.py`` checks it.
 
 Examples:
     >>> import numpy as np

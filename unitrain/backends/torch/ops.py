@@ -4,7 +4,7 @@ Each function is one or a few native torch calls: these run per op in eager trai
 so nothing here reads a value back to the host, goes through numpy, or flips a global flag.
 The semantics are the contract's; where torch's own function differs, the function here says
 how it is made to agree. What was checked against torch's kernels (on the CPU; the points
-the parity cases avoid are pinned by ``tests/test_ops_torch.py``):
+the parity cases avoid are pinned by ``tests/ops/test_ops_torch.py``):
 
 - ``maximum``/``minimum`` split the gradient evenly at a tie, ``amax``/``amin`` among tied
   maxima, ``abs`` and ``relu`` give 0 at 0 and ``clamp`` passes the gradient where

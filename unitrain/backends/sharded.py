@@ -12,7 +12,8 @@ the same updates.
 ``Trainer(strategy=Sharded())`` (or ``unitrain train --workers N --shard``, which sets
 :data:`SHARD_ENV` for the workers it starts) asks the backend for its engine's sharded
 strategy (:class:`ShardedParallel`): torch's FSDP2 (``fully_shard``) over the workers
-torchrun started; JAX's ``NamedSharding`` over one process's local devices. A backend that
+torchrun started; JAX's ``NamedSharding`` over one process's local devices, or over the
+launched processes (one device each, each update one program over them). A backend that
 cannot shard says why (:func:`sharded_strategy_for`;
 TensorFlow's own reason in its backend).
 
@@ -20,7 +21,8 @@ Checkpoints keep the one-directory format, with no gather where the engine allow
 worker writes its own rows of the sharded tensors (the backend's ``local_state_dict`` and
 the strategy's ``exchange``; see :mod:`unitrain.training._saving`), so a sharded run's
 checkpoint never passes through one process, and it resumes on any worker count, sharded or
-not, and on any backend. JAX, which shards within one process, writes full tensors.
+not, and on any backend. JAX within one process writes full tensors; launched JAX
+processes write their own rows.
 """
 
 from __future__ import annotations

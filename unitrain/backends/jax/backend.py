@@ -76,6 +76,7 @@ from unitrain.backends.jax.model import (
     state_names,
 )
 from unitrain.backends.jax.prefetch import prefetch
+from unitrain.backends.jax.sharding import host_state, local_rows
 from unitrain.backends.jax.state import StateLayout
 from unitrain.backends.precision import (
     compute_dtype,
@@ -242,24 +243,33 @@ class JaxBackend:
         mesh = Mesh(np.array(devices), ("batch",))
         self._placement = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec("batch"))
-        self._state, self._settings = self._put((self._state, self._settings))
+        moving = (self._state, self._settings)
+        if not self._placement.is_fully_addressable:  # over processes: from the host copy
+            moving = jax.device_get(moving)
+        self._state, self._settings = self._put(moving)
         self._lr = ResidentScalar(self._put)
 
     def shard_state(self, placement: Any) -> None:
-        """Place every array of the state as ``placement(leaf, mesh)`` says over the mesh of
-        :meth:`spread_over` (see :mod:`.sharding`); kept after a load too."""
+        """Place every array of the parameters, model state and optimizer state as
+        ``placement(leaf, mesh)`` says over the mesh of :meth:`spread_over` (see
+        :mod:`.sharding`); kept after a load too."""
         mesh = self._placement.mesh
-        self._state_placement = lambda state: jax.device_put(
-            state, jax.tree.map(lambda leaf: placement(leaf, mesh), state)
-        )
-        self._state = self._state_placement(self._state)
+
+        def place(state: DeviceState) -> DeviceState:  # the counters and loss log stay whole
+            parts = state.params, state.model_state, state.opt_state
+            parts = jax.device_put(parts, jax.tree.map(lambda a: placement(a, mesh), parts))
+            return state._replace(params=parts[0], model_state=parts[1], opt_state=parts[2])
+
+        self._state_placement = place
+        self._state = place(self._state)
 
     @staticmethod
     def sharded_strategy(workers: int | None) -> Any:
-        """The state sharded over this process's local devices (see :mod:`.sharding`)."""
-        from unitrain.backends.jax.sharding import LocalSharded
+        """The state sharded over the launched processes, or this process's local devices
+        (see :mod:`.sharding`)."""
+        from unitrain.backends.jax.sharding import sharded_strategy
 
-        return LocalSharded.for_request(workers)
+        return sharded_strategy(workers)
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -376,7 +386,7 @@ class JaxBackend:
         """The model's outputs for ``inputs`` in eval mode, on the host."""
         x, _ = self._arrays((inputs, np.zeros(num_examples((inputs,)), np.int32)))
         outputs = self._fn.predict(self._state.params, self._state.model_state, x)
-        return map_leaves(np.asarray, outputs)
+        return map_leaves(np.asarray, host_state(outputs))  # gathered when over processes
 
     #: The array functions metrics use (see :meth:`outputs`).
     array_ops = jnp
@@ -445,7 +455,14 @@ class JaxBackend:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters, model state and optimizer state as host numpy copies, canonical names."""
-        return self._layout.state_dict(jax.device_get(self._state), self.options.optimizer)
+        return self._layout.state_dict(host_state(self._state), self.options.optimizer)
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` with each array split over processes as this process's rows of
+        it (a :class:`~unitrain.checkpoint.RowShard`), read without gathering."""
+        counters = local_rows(self._state.counters)  # replicated: read once, here
+        state = self._state._replace(counters=counters, losses=None)
+        return self._layout.state_dict(state, self.options.optimizer, read=local_rows)
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace parameters and optimizer state; names and shapes must match exactly."""

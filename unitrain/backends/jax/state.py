@@ -52,13 +52,19 @@ class StateLayout:
         self.state_template = shape_template(model_state)
         self.scaled = scaled
 
-    def state_dict(self, host: DeviceState, optimizer: optim.Optimizer) -> dict[str, np.ndarray]:
-        """``host`` (a :class:`DeviceState` fetched to the host) under canonical names."""
+    def state_dict(
+        self, host: DeviceState, optimizer: optim.Optimizer, read: Callable[..., Any] = np.array
+    ) -> dict[str, Any]:
+        """``host`` (a :class:`DeviceState` fetched to the host) under canonical names.
+
+        ``read(array, dtype)`` copies each tensor out; the default takes a host array whole,
+        :func:`.sharding.local_rows` takes this process's rows of a device array (then
+        ``host.counters`` must be on the host already)."""
         params = flatten_params(host.params)
         model_state = flatten_params(host.model_state)
         slots = {k: flatten_params(v) for k, v in export_slots(optimizer, host.opt_state).items()}
-        state = {f"model.{k}": np.array(params[k], np.float32) for k in self.names}
-        state.update({f"model.{k}": np.array(model_state[k]) for k in self.state_names})
+        state = {f"model.{k}": read(params[k], np.float32) for k in self.names}
+        state.update({f"model.{k}": read(model_state[k], None) for k in self.state_names})
         state["optimizer.step"] = np.asarray(int(host.counters[APPLIED]), np.int64)
         if self.scaled:
             state[f"optimizer.{SCALE_KEY}"] = np.ldexp(
@@ -67,7 +73,7 @@ class StateLayout:
             state[f"optimizer.{GOOD_STEPS_KEY}"] = np.asarray(host.counters[GOOD_STEPS], np.int64)
         for name in self.names:
             for suffix, values in slots.items():
-                state[f"optimizer.{name}.{suffix}"] = np.array(values[name], np.float32)
+                state[f"optimizer.{name}.{suffix}"] = read(values[name], np.float32)
         return state
 
     def device_state(

@@ -460,9 +460,7 @@ class JaxBackend:
     def local_state_dict(self) -> dict[str, Any]:
         """:meth:`state_dict` with each array split over processes as this process's rows of
         it (a :class:`~unitrain.checkpoint.RowShard`), read without gathering."""
-        counters = local_rows(self._state.counters)  # replicated: read once, here
-        state = self._state._replace(counters=counters, losses=None)
-        return self._layout.state_dict(state, self.options.optimizer, read=local_rows)
+        return self._layout.state_dict(self._state, self.options.optimizer, read=local_rows)
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace parameters and optimizer state; names and shapes must match exactly."""

@@ -58,19 +58,19 @@ class StateLayout:
         """``host`` (a :class:`DeviceState` fetched to the host) under canonical names.
 
         ``read(array, dtype)`` copies each tensor out; the default takes a host array whole,
-        :func:`.sharding.local_rows` takes this process's rows of a device array (then
-        ``host.counters`` must be on the host already)."""
+        :func:`.sharding.local_rows` takes this process's rows of a device array."""
         params = flatten_params(host.params)
         model_state = flatten_params(host.model_state)
         slots = {k: flatten_params(v) for k, v in export_slots(optimizer, host.opt_state).items()}
+        counters = np.asarray(host.counters)  # replicated wherever the state is sharded
         state = {f"model.{k}": read(params[k], np.float32) for k in self.names}
         state.update({f"model.{k}": read(model_state[k], None) for k in self.state_names})
-        state["optimizer.step"] = np.asarray(int(host.counters[APPLIED]), np.int64)
+        state["optimizer.step"] = np.asarray(int(counters[APPLIED]), np.int64)
         if self.scaled:
             state[f"optimizer.{SCALE_KEY}"] = np.ldexp(
-                np.float32(1), host.counters[SCALE_EXPONENT]
+                np.float32(1), counters[SCALE_EXPONENT]
             ).astype(np.float32)
-            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.asarray(host.counters[GOOD_STEPS], np.int64)
+            state[f"optimizer.{GOOD_STEPS_KEY}"] = np.asarray(counters[GOOD_STEPS], np.int64)
         for name in self.names:
             for suffix, values in slots.items():
                 state[f"optimizer.{name}.{suffix}"] = read(values[name], np.float32)

@@ -235,6 +235,7 @@ def test_the_backend_guide_lists_every_check_and_what_it_fails_on():
     assert rows == expected, sorted(rows ^ expected)[:4]
 
 
+@pytest.mark.harness  # launches two torch workers twice: about a minute on a 2-core CPU
 def test_a_backend_class_reaches_the_workers_as_the_same_backend_its_import_name_does():
     TorchBackend = pytest.importorskip("unitrain.backends.torch").TorchBackend  # launches workers
 

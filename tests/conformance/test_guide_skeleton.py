@@ -60,6 +60,7 @@ def test_the_skeleton_is_one_marked_block_that_takes_the_update_numbers():
     assert code.count('"float32"') == 1 and 'dtypes=("float32", "float64")' in code
 
 
+@pytest.mark.harness  # the whole kit on the guide's skeleton: over a minute on a 2-core CPU
 def test_the_guides_skeleton_conforms(skeleton_module):
     report = run(
         skeleton_module,

@@ -50,7 +50,12 @@ class Workers(Protocol):
     world_size: int
 
     def exchange(self, value: Any) -> list[Any]:
-        """Every worker's ``value`` (small, picklable), in rank order, on every worker."""
+        """Every worker's ``value``, in rank order, on every worker.
+
+        The values are small and JSON-shaped (str, bool, int, lists, dicts with str keys), so
+        an engine may send them as JSON text: one that does gives tuples back as lists, and
+        the save reads them either way.
+        """
         ...
 
 
@@ -119,7 +124,7 @@ def save_sharded_checkpoint(
     except CheckpointError:
         shutil.rmtree(where, ignore_errors=True)
         raise
-    digests = {name: digest for report in reports for name, digest in report[0].items()}
+    digests = {name: FileDigest(*d) for report in reports for name, d in report[0].items()}
     shards = ShardFiles(Path(where), digests, layout.encode())
     whole_model, whole_optimizer = _whole(model), _whole(optimizer)
     if writer is not None:

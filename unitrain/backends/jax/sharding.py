@@ -38,8 +38,8 @@ sharded backend does.
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -195,15 +195,16 @@ class LaunchedSharded:
         multihost_utils.sync_global_devices("unitrain")
 
     def exchange(self, value: Any) -> list[Any]:
-        """Every process's ``value`` (small, picklable), in rank order, on every process."""
+        """Every process's ``value`` (small and JSON-shaped: see the checkpoint writer's
+        ``Workers``), in rank order, on every process; sent as JSON text, never pickled."""
         from jax.experimental import multihost_utils
 
-        data = np.frombuffer(pickle.dumps(value), np.uint8)
+        data = np.frombuffer(json.dumps(value).encode(), np.uint8)
         sizes = np.asarray(multihost_utils.process_allgather(np.int64(data.size)))
         padded = np.zeros(int(sizes.max()), np.uint8)
         padded[: data.size] = data
         rows = np.asarray(multihost_utils.process_allgather(padded))
-        return [pickle.loads(row[:size].tobytes()) for row, size in zip(rows, sizes)]
+        return [json.loads(row[:size].tobytes()) for row, size in zip(rows, sizes)]
 
 
 def sharded_placement(leaf: Any, mesh: Any) -> Any:

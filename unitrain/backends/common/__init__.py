@@ -4,7 +4,9 @@
   ahead of the step that uses them (each adapter says how to stage one);
 - :class:`~unitrain.backends.common.workers.SummingWorkers`: the strategy of a launched
   worker on an engine whose gradient reduction sums (``jax.distributed``, TensorFlow's
-  MultiWorkerMirroredStrategy); each adapter says how to sum;
+  MultiWorkerMirroredStrategy); each adapter says how to sum; and
+  :class:`~unitrain.backends.common.workers.WorkerPart`, what such an adapter's
+  ``distribute`` sets (how its gradients are summed, which worker keys its dropout);
 - :class:`~unitrain.backends.common.loss_scale.AbstractLossScale`: the ``"16-mixed"`` loss
   scaler's state (when it runs, how it advances, its checkpoint entries); each adapter's
   ``LossScale`` says where the two numbers live;
@@ -18,6 +20,6 @@ is part of the adapter-facing surface.
 from unitrain.backends.common.loss_scale import AbstractLossScale
 from unitrain.backends.common.renamed import renamed_getattr
 from unitrain.backends.common.staging import one_ahead
-from unitrain.backends.common.workers import SummingWorkers
+from unitrain.backends.common.workers import SummingWorkers, WorkerPart
 
-__all__ = ["AbstractLossScale", "SummingWorkers", "one_ahead", "renamed_getattr"]
+__all__ = ["AbstractLossScale", "SummingWorkers", "WorkerPart", "one_ahead", "renamed_getattr"]

@@ -1,4 +1,5 @@
-"""The strategy of one launched worker on an engine that sums gradients over workers.
+"""One launched worker on an engine that sums gradients over workers: its strategy, and the
+part its backend plays in an update.
 
 ``jax.distributed`` and TensorFlow's MultiWorkerMirroredStrategy leave the reduction to the
 backend: before each update it sums every worker's gradients (one collective), and each
@@ -9,12 +10,14 @@ Torch DDP averages instead and wraps the model, so its strategy is its own.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from unitrain._errors import ConfigError
-from unitrain.backends.strategy import Batch, worker_shard
+from unitrain.backends.strategy import Batch, dropout_index, worker_shard
 
-__all__ = ["SummingWorkers"]
+__all__ = ["SummingWorkers", "WorkerPart"]
 
 
 class SummingWorkers:
@@ -49,3 +52,31 @@ class SummingWorkers:
     def sum_gradients(self, grads: Any) -> Any:
         """Every worker's gradients summed, on this worker's device."""
         raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPart:
+    """What a backend's ``distribute(reduce_gradients, world_size, rank)`` sets: the function
+    that sums its gradients over the workers before an update (None: one worker) and which
+    worker it is, which numbers its dropout keys (``strategy.dropout_index``).
+
+    Examples:
+        >>> alone = WorkerPart()
+        >>> alone.summed([1.0]), alone.dropout_index(3)
+        ([1.0], 3)
+        >>> second = WorkerPart(lambda g: [2 * v for v in g], world_size=2, rank=1)
+        >>> second.summed([1.0]), second.dropout_index(3)
+        ([2.0], 7)
+    """
+
+    reduce_gradients: Callable[[Any], Any] | None = None
+    world_size: int = 1
+    rank: int = 0
+
+    def summed(self, grads: Any) -> Any:
+        """``grads`` summed over the workers (as they are for one worker)."""
+        return grads if self.reduce_gradients is None else self.reduce_gradients(grads)
+
+    def dropout_index(self, micro_batch: int) -> int:
+        """The dropout key's micro-batch number of this worker's slice."""
+        return dropout_index(micro_batch, self.world_size, self.rank)

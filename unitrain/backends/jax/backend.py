@@ -42,6 +42,7 @@ import numpy as np
 import optax
 
 from unitrain import ConfigError, losses, optim
+from unitrain.backends.common import WorkerPart
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
@@ -89,7 +90,6 @@ from unitrain.backends.protocol import (
     UpdateNumbers,
     check_state,
 )
-from unitrain.backends.strategy import dropout_index
 from unitrain.losses import resolve_loss
 from unitrain.models import AbstractLayer, InputCheck
 from unitrain.structure import is_plain_pair, map_leaves, num_examples
@@ -191,8 +191,7 @@ class JaxBackend:
         self._numbers = UpdateNumbers()  # the host's copy of the dropout key's numbers
         self._data: tuple[Any, Any] | None = None
         self._lr = ResidentScalar(self._put)
-        self._reduce_gradients: Any = None  # summed over workers when data-parallel
-        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
+        self._part = WorkerPart()  # one worker until distribute() says otherwise
 
     @property
     def device(self) -> str:
@@ -290,7 +289,7 @@ class JaxBackend:
         x, y = self._arrays(batch)
         self._follow(step)
         _, micro_batch = self._numbers.forward(step, micro_batch)
-        micro = np.int32(dropout_index(micro_batch, *self._worker))
+        micro = np.int32(self._part.dropout_index(micro_batch))
         state = self._state
         loss, self._vjp, model_state = self._fn.forward(
             state.params, state.model_state, x, y, self._settings, state.counters, micro
@@ -320,24 +319,20 @@ class JaxBackend:
         if grads is None:
             grads = jax.tree.map(jnp.zeros_like, self._state.params)
         self._grads = self._vjp = None
-        if self._reduce_gradients is not None:
-            grads = self._reduce_gradients(grads)
+        grads = self._part.summed(grads)
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
         self._numbers.updated()
 
     def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
-        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
-        key dropout as worker ``rank`` of ``world_size`` (``strategy.dropout_index``)."""
-        self._reduce_gradients, self._worker = reduce_gradients, (world_size, rank)
+        """Sum the gradients over the workers before a step; key dropout as this worker."""
+        self._part = WorkerPart(reduce_gradients, world_size, rank)
 
     def launched_strategy(self) -> Any:
         """jax.distributed over the launched workers, or None when not launched."""
         return JaxDistributed.from_environment()
 
-    @staticmethod
-    def launch_command(workers: int) -> list[str]:
-        """The launcher that starts ``workers`` local workers (coordinator on 127.0.0.1)."""
-        return launch_command(workers)
+    #: The launcher that starts N local workers (coordinator on 127.0.0.1).
+    launch_command = staticmethod(launch_command)
 
     # One process over several local devices (unitrain.backends.strategy.LocalDeviceParallel).
     local_devices_environment = staticmethod(local_devices_environment)

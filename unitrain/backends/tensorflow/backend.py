@@ -45,6 +45,7 @@ import tensorflow as tf  # absolute: the framework, not this module
 import tensorflow.experimental.numpy as tnp
 
 from unitrain import ConfigError
+from unitrain.backends.common import WorkerPart
 from unitrain.backends.precision import require_precision
 from unitrain.backends.protocol import (
     BackendOptions,
@@ -54,7 +55,6 @@ from unitrain.backends.protocol import (
     check_state,
     split_state,
 )
-from unitrain.backends.strategy import dropout_index
 from unitrain.backends.tensorflow import model as tf_model
 from unitrain.backends.tensorflow import ops as tensorflow_ops
 from unitrain.backends.tensorflow import optimizers
@@ -170,9 +170,8 @@ class TensorFlowBackend:
         self._pending: list[tf.Tensor] | None = None
         self._accumulated = False
         self._numbers = UpdateNumbers()  # the host's copy of the dropout key's numbers
-        self._worker = (1, 0)  # (world size, rank): numbers this worker's dropout keys
+        self._part = WorkerPart()  # one worker until distribute() says otherwise
         self._device_data: tuple[tf.Tensor, tf.Tensor] | None = None
-        self._reduce_gradients: Any = None  # summed over workers when data-parallel
 
     @property
     def device(self) -> str:
@@ -244,7 +243,7 @@ class TensorFlowBackend:
         x, y = self._tensors(batch)
         self._follow(step)
         _, micro_batch = self._numbers.forward(step, micro_batch)
-        micro = dropout_index(micro_batch, *self._worker)
+        micro = self._part.dropout_index(micro_batch)
         loss, self._pending = self.compiled.forward(x, y, tf.constant(micro, tf.int64))
         return loss
 
@@ -257,8 +256,8 @@ class TensorFlowBackend:
 
     def step(self, lr: float) -> None:
         """Clip, skip on a non-finite norm, update at ``lr``, zero the buffers (one call)."""
-        if self._reduce_gradients is not None:
-            summed = self._reduce_gradients([b.read_value() for b in self.grad_buffers])
+        if self._part.reduce_gradients is not None:
+            summed = self._part.summed([b.read_value() for b in self.grad_buffers])
             for buffer, value in zip(self.grad_buffers, summed, strict=True):
                 buffer.assign(value)
         self.compiled.step(tf.constant(lr, self.dtype))
@@ -266,18 +265,15 @@ class TensorFlowBackend:
         self._numbers.updated()
 
     def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
-        """Pass the gradients through ``reduce_gradients`` (a sum over workers) before a step;
-        key dropout as worker ``rank`` of ``world_size`` (``strategy.dropout_index``)."""
-        self._reduce_gradients, self._worker = reduce_gradients, (world_size, rank)
+        """Sum the gradients over the workers before a step; key dropout as this worker."""
+        self._part = WorkerPart(reduce_gradients, world_size, rank)
 
     def launched_strategy(self) -> Any:
         """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
         return TensorFlowDistributed.from_environment()
 
-    @staticmethod
-    def launch_command(workers: int) -> list[str]:
-        """The launcher that starts ``workers`` local workers (TF_CONFIG on local ports)."""
-        return launch_command(workers)
+    #: The launcher that starts N local workers (TF_CONFIG on local ports).
+    launch_command = staticmethod(launch_command)
 
     @staticmethod
     def sharded_strategy(workers: int | None) -> Any:
@@ -303,7 +299,7 @@ class TensorFlowBackend:
             raise ConfigError("train_step() with gradients pending from backward(); call step()")
         x, y = self._tensors(batch)
         self._follow(step)
-        micro = dropout_index(self._numbers.micro_batch, *self._worker)
+        micro = self._part.dropout_index(self._numbers.micro_batch)
         loss = self.compiled.train_step(
             x, y, tf.constant(micro, tf.int64), tf.constant(lr, self.dtype)
         )

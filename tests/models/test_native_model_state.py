@@ -142,7 +142,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {shared!r}]  # this test's folder, and tests/ (_backends)
     from test_native_model_state import make_trainer, digits_arrays
     framework, out = sys.argv[1], Path(sys.argv[2])
     kill_step, resume = int(sys.argv[3]), sys.argv[4]
@@ -162,7 +162,7 @@ SCRIPT = textwrap.dedent(
 
 
 def run_script(framework, out, kill_step, resume):
-    code = SCRIPT.format(tests=str(Path(__file__).parent))
+    code = SCRIPT.format(tests=str(Path(__file__).parent), shared=str(Path(__file__).parents[1]))
     return subprocess.run(
         [sys.executable, "-c", code, framework, str(out), str(kill_step), resume],
         capture_output=True,

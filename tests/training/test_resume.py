@@ -242,7 +242,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {shared!r}]  # this test's folder, and tests/ (_backends)
     from test_resume import make_trainer, digits_arrays
     backend, out, kill_step, resume = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
@@ -266,7 +266,7 @@ def digits_arrays():
 
 
 def run_script(backend, out, kill_step, resume):
-    code = SCRIPT.format(tests=str(Path(__file__).parent))
+    code = SCRIPT.format(tests=str(Path(__file__).parent), shared=str(Path(__file__).parents[1]))
     return subprocess.run(
         [sys.executable, "-c", code, backend, str(out), str(kill_step), resume],
         capture_output=True,

@@ -1,8 +1,9 @@
 """Seeded faults in RMSprop and Lion, each a slip a hand-written adapter could make.
 
 They follow ``_faulty_backends._UpdateRule``: the numpy reference backend, with one optimizer
-type's update replaced by the faulty one. ``tests/conformance/test_conformance_faults.py`` shows the kit
-fails each on the check named beside it and passes the good numpy backend.
+type's update replaced by the faulty one.
+``tests/conformance/test_conformance_faults.py`` shows the kit fails each on the check named
+beside it and passes the good numpy backend.
 """
 
 from __future__ import annotations

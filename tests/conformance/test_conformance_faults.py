@@ -1,8 +1,8 @@
 """The kit catches faults: deliberately broken backends, one fault each, must fail a check.
 
 Each faulty backend is a small subclass of a good one (numpy, torch, or the fused numpy
-step of tests/conformance/_faulty_backends.py) with exactly one realistic fault: the classes below and
-those in ``_faulty_backends``. ``FAULTS`` is the table a reader wants: fault -> the check
+step of tests/conformance/_faulty_backends.py) with exactly one realistic fault: the classes
+below and those in ``_faulty_backends``. ``FAULTS`` is the table a reader wants: fault -> the check
 that catches it, covering every check family. Each test runs that one check on the faulty
 backend (it must fail) and on its good base class (it must pass), so a test failure says
 which side broke. Everything runs in float32 on the CPU, mostly on numpy: a few seconds.

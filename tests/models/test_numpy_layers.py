@@ -2,9 +2,9 @@
 
 The reference differentiates the core's forward (every layer written once in
 :mod:`unitrain.ops`) with its ops' own vector-Jacobian products. Each :data:`LAYER_CASES` case
-is checked through ``ops.vjp`` (what ``tests/models/_layer_parity.py`` holds every framework to), and
-whole models through the backend itself, so that how :class:`NumpyBackend` tracks parameters,
-sweeps the graph and fills its buffers is checked too.
+is checked through ``ops.vjp`` (what ``tests/models/_layer_parity.py`` holds every framework
+to), and whole models through the backend itself, so that how :class:`NumpyBackend` tracks
+parameters, sweeps the graph and fills its buffers is checked too.
 """
 
 from __future__ import annotations

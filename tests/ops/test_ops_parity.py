@@ -1,7 +1,7 @@
 """Every backend's ops against the float64 numpy reference, case by case, in float64: the
 kit's ``ops`` family runs the same cases in each dtype a backend declares
-(``tests/conformance/test_conformance.py``); float64 is run here for every backend, JAX included, whose
-kit run declares float32 only."""
+(``tests/conformance/test_conformance.py``); float64 is run here for every backend, JAX
+included, whose kit run declares float32 only."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ comparison, the three losses and the weights after them ``step`` comparisons. Me
 all twelve ordered pairs of the built-in backends in float32 (CPU, torch 2.13, JAX 0.10,
 TensorFlow 2.21): held-out loss at most 1.1e-7 relative (bar 1e-5), the losses 1.3e-7 and
 the weights 5.2e-8 (bar 1e-6); float64 pairs 2.8e-16 at most. The seeded faults
-(tests/conformance/test_conformance_faults.py) are off by far more: conv kernels with height and width
-swapped 3e-3 in the held-out loss, their momentum alone so swapped 7e-4 in the losses after
-the hand-off, the query and key momentum swapped 7e-4 in the weights.
+(tests/conformance/test_conformance_faults.py) are off by far more: conv kernels with height
+and width swapped 3e-3 in the held-out loss, their momentum alone so swapped 7e-4 in the losses
+after the hand-off, the query and key momentum swapped 7e-4 in the weights.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from unitrain.backends.strategy import SingleProcess
 
 __all__ = [
     "JaxDistributed",
+    "gather_rows",
     "LocalDevices",
     "join_launched_workers",
     "launch_command",
@@ -110,11 +111,7 @@ class JaxDistributed(SummingWorkers):
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Sum host numbers over the workers in float64, identically on every worker."""
-        from jax.experimental import multihost_utils
-
-        bits = np.asarray(values, np.float64).view(np.uint32)
-        gathered = np.asarray(multihost_utils.process_allgather(bits), np.uint32)
-        rows = gathered.reshape(self.world_size, -1).view(np.float64)
+        rows = gather_rows(values, self.world_size)
         total = rows[0].copy()
         for row in rows[1:]:  # rank order: the same sum everywhere
             total += row
@@ -125,6 +122,16 @@ class JaxDistributed(SummingWorkers):
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("unitrain")
+
+
+def gather_rows(values: Sequence[float], world_size: int) -> np.ndarray:
+    """Every process's ``values`` as float64 rows in rank order, bit for bit (sent as uint32
+    pairs, since x64 is off); a collective every process must join."""
+    from jax.experimental import multihost_utils
+
+    bits = np.asarray(values, np.float64).view(np.uint32)
+    gathered = np.asarray(multihost_utils.process_allgather(bits), np.uint32)
+    return gathered.reshape(world_size, -1).view(np.float64)
 
 
 def _flatten(tree: Any) -> Any:

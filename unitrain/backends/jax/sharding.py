@@ -51,6 +51,7 @@ from unitrain.backends.jax.distributed import (
     _RANK,
     _WORKERS,
     LocalDevices,
+    gather_rows,
     join_launched_workers,
 )
 from unitrain.checkpoint import RowShard
@@ -181,12 +182,8 @@ class LaunchedSharded:
         Every process computed the same numbers, so their largest is each of them; a flag
         only some processes raised (a preemption signal) reaches all of them so.
         """
-        from jax.experimental import multihost_utils
 
-        bits = np.asarray(values, np.float64).view(np.uint32)
-        gathered = np.asarray(multihost_utils.process_allgather(bits), np.uint32)
-        rows = gathered.reshape(self.world_size, -1).view(np.float64)
-        return np.max(rows, axis=0).tolist()
+        return np.max(gather_rows(values, self.world_size), axis=0).tolist()
 
     def barrier(self) -> None:
         """Wait for every process."""

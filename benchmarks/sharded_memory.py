@@ -1,9 +1,18 @@
 """Per-worker memory of sharded training against data-parallel (docs/scaling-out.md).
 
-One update of an 83.5M-parameter Transformer language model (vocabulary 8192, width 768, 10
+Two updates of an 83.5M-parameter Transformer language model (vocabulary 8192, width 768, 10
 causal blocks of 12 heads, sequences of 32) with Adam in float32 on torch, then one JSON line
 per worker: the bytes this worker holds of the parameters, the gradients and the optimizer
-state (a sharded tensor's local shard), their sum, and the process's peak resident memory.
+state after the first update (a sharded tensor's local shard), their sum, the peak of that
+sum during the second update (``peak_state_mib``), and the process's peak resident memory.
+
+The peak is sampled where it can be highest: for a sharded worker, as each FSDP unit's
+parameters are gathered and freed in the forward and the backward, and as its gradients are
+reduce-scattered (before, when the unit's full gradients are alive: FSDP2's
+``FSDPParamGroup`` hooks, wrapped here); for every worker, after the backward and after the
+update. A sample adds the bytes of every distinct storage of the parameters (their shards,
+and a unit's gathered parameters while they exist), the gradients (shards and a unit's full
+gradients) and Adam's moments.
 
     python benchmarks/sharded_memory.py                                   # one worker
     UNITRAIN_SHARD=1 python -m torch.distributed.run --standalone \\
@@ -20,11 +29,13 @@ takes on every worker (``gather_copies_mib``: what a save through one process ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +79,14 @@ def main() -> None:
     grads = sum(local_bytes(p.grad) for p in backend.params.values() if p.grad is not None)
     backend.step(1e-3)
     slots = sum(local_bytes(t) for t in backend.optimizer.slots().values() if t is not None)
+    peak = StatePeak(backend)
+    with peak.sampling():
+        for shard, weight in strategy.shards(batch):
+            backend.forward(shard)
+            backend.backward(weight)
+        peak.sample()
+        backend.step(1e-3)
+        peak.sample()
     mib = 2**20
     report = {
         "strategy": type(strategy).__name__,
@@ -78,11 +97,85 @@ def main() -> None:
         "grad_mib": grads / mib,
         "optimizer_mib": slots / mib,
         "state_mib": (params + grads + slots) / mib,
+        "peak_state_mib": peak.bytes / mib,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     if os.environ.get("SAVE_TO") and hasattr(strategy, "exchange"):
         report.update(save_costs(backend, strategy, Path(os.environ["SAVE_TO"])))
     print(json.dumps(report), flush=True)
+
+
+class StatePeak:
+    """The largest sum of parameter, gradient and optimizer-state bytes seen at a sample."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.bytes = backend, 0
+        from torch.distributed.fsdp import FSDPModule
+
+        groups = [
+            module._get_fsdp_state()._fsdp_param_group
+            for module in backend.module.modules()
+            if isinstance(module, FSDPModule)
+        ]
+        self.groups = [group for group in groups if group is not None]  # None: no parameters
+
+    def sample(self) -> None:
+        """Add up the distinct storages alive now; keep the largest sum."""
+        tensors = [*self.backend.params.values(), *self.backend.optimizer.slots().values()]
+        tensors += [p.grad for p in self.backend.params.values()]
+        for group in self.groups:
+            for record in group.fsdp_params:
+                tensors += [record.sharded_param, record.sharded_param.grad]
+                tensors.append(getattr(record, "unsharded_accumulated_grad", None))
+                gathered = getattr(record, "_unsharded_param", None)
+                if gathered is not None:
+                    tensors += [gathered, gathered.grad]
+        storages: dict[int, int] = {}
+        for tensor in tensors:
+            if tensor is None:
+                continue
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            storage = local.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        self.bytes = max(self.bytes, sum(storages.values()))
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[None]:
+        """Sample inside FSDP2's unit hooks while the block runs (no-op unsharded)."""
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        def after(method: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                result = method(*args, **kwargs)
+                self.sample()
+                return result
+
+            return wrapped
+
+        def before(method: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                self.sample()
+                return method(*args, **kwargs)
+
+            return wrapped
+
+        saved = {name: getattr(FSDPParamGroup, name) for name in _HOOKS}
+        for name, wrap in _HOOKS.items():
+            setattr(FSDPParamGroup, name, (after if wrap == "after" else before)(saved[name]))
+        try:
+            yield
+        finally:
+            for name, method in saved.items():
+                setattr(FSDPParamGroup, name, method)
+
+
+#: FSDP2's unit hooks, and whether a sample is taken after (gathered) or before (not freed).
+_HOOKS = {
+    "pre_forward": "after",
+    "post_forward": "before",
+    "pre_backward": "after",
+    "post_backward": "before",
+}
 
 
 def save_costs(backend: Any, strategy: Any, folder: Path) -> dict[str, float]:

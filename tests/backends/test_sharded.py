@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -135,22 +134,6 @@ def _fit(directory: Path, strategy: Any, resume: Path | None = None, clip: float
     )
     trainer.fit(_data(40, 1), _data(16, 2), resume=resume)
     return trainer
-
-
-@pytest.fixture
-def one_worker_group(monkeypatch):
-    """torchrun's environment for one worker, and the process group left behind removed."""
-    dist = pytest.importorskip("torch.distributed")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("RANK", "0")
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_torch_sharded_over_one_worker_equals_unsharded_and_resumes_either_way(

@@ -57,6 +57,13 @@ class AbstractLayer(abc.ABC):
     type_name: ClassVar[str]
     #: Seeds the stream of initial weights; MLP keeps its own so old checkpoints reproduce.
     _seed_tag: ClassVar[int] = 0x554C59
+    #: Whether sharded training gathers this layer's parameters (its whole subtree's) as one
+    #: unit of their own: a repeated block of a network, such as TransformerBlock. See
+    #: :meth:`sharding_units`.
+    sharding_unit: ClassVar[bool] = False
+    #: Whether this composite only runs its children, reading none of their parameters
+    #: itself (Sequential, Residual), so that each child can be a unit of its own.
+    only_runs_children: ClassVar[bool] = False
 
     def __init_subclass__(cls, *, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -145,6 +152,43 @@ class AbstractLayer(abc.ABC):
         yield prefix, self
         for name, child in self.children():
             yield from child.named_layers(_join(prefix, name))
+
+    def sharding_units(self) -> tuple[str, ...]:
+        """The canonical paths of the layers sharded training gathers one at a time.
+
+        A sharded worker holds ``1/N`` of every parameter; a layer's full parameters are
+        gathered just before it runs and freed after it, one *unit* at a time, so a worker's
+        peak holds one unit's full parameters (and, in the backward pass, its gradients),
+        not the whole model's. The units are the outermost layers below the model that are
+        either a block (``sharding_unit``: TransformerBlock) or a child with parameters of a
+        composite that only runs its children (``only_runs_children``: Sequential,
+        Residual); a nested Sequential is looked into. Every other parameter belongs to the
+        model's own unit, gathered for the whole pass: a composite of your own whose forward
+        reads a child's parameter itself (a head tied to the token embedding) keeps that
+        child in its unit, as a parameter is only there while its unit runs.
+
+        >>> from unitrain.models import Embedding, LayerNorm, Linear, Sequential
+        >>> from unitrain.models import TransformerBlock
+        >>> blocks = [TransformerBlock(8, 2) for _ in range(2)]
+        >>> Sequential([Embedding(11, 8), *blocks, LayerNorm(8), Linear(8, 11)]).sharding_units()
+        ('0', '1', '2', '3', '4')
+        """
+        units: list[str] = []
+
+        def visit(layer: AbstractLayer, prefix: str) -> None:
+            for name, child in layer.children():
+                path = _join(prefix, name)
+                if not child.param_shapes():
+                    continue
+                if child.sharding_unit or (
+                    layer.only_runs_children and not child.only_runs_children
+                ):
+                    units.append(path)
+                else:
+                    visit(child, path)
+
+        visit(self, "")
+        return tuple(dict.fromkeys(units))  # a transparent child shares its parent's path
 
     def param_shapes(self) -> dict[str, Shape]:
         """Canonical parameter names and shapes, in the order the layers run."""

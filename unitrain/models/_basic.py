@@ -247,6 +247,7 @@ class Sequential(AbstractLayer, type_name="sequential"):
     """
 
     layers: tuple[AbstractLayer, ...]
+    only_runs_children: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         set_checked(self, "layers", check_layers("Sequential", self.layers))
@@ -272,6 +273,7 @@ class Residual(AbstractLayer, type_name="residual"):
     """
 
     layers: tuple[AbstractLayer, ...]
+    only_runs_children: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         set_checked(self, "layers", check_layers("Residual", self.layers))

@@ -55,6 +55,7 @@ class MLP(AbstractLayer, type_name="mlp"):
     dropout: float = 0.0
     # The stream the MLP's weights were always drawn from, so that seeds reproduce them.
     _seed_tag: ClassVar[int] = 0x4D4C50
+    only_runs_children: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         sizes = tuple(self.sizes)

@@ -63,6 +63,11 @@ class Pass:
             kernel, say); None: ``ops.random.bernoulli`` itself.
         after_layer: applied to every child's output (the numpy reference rounds there under
             mixed precision, as a low-precision kernel writes its output); None for none.
+        units: how the backend runs a sharding unit (:meth:`AbstractLayer.sharding_units`),
+            by its canonical path: ``units[path](compute, *inputs)`` returns
+            ``compute(*inputs)``, the layer's forward, run between gathering the unit's
+            parameters into ``params`` and freeing them (torch runs it inside the unit's
+            FSDP module); None: the parameters are all in ``params`` for the whole pass.
     """
 
     __slots__ = (
@@ -76,6 +81,7 @@ class Pass:
         "params",
         "state",
         "training",
+        "units",
     )
 
     def __init__(
@@ -88,9 +94,11 @@ class Pass:
         key: Any = None,
         kept: Callable[[Any, float, Any], Any] | None = None,
         after_layer: Callable[[Any], Any] | None = None,
+        units: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.params, self.state, self.training = params, state, training
         self.draw, self.key, self.after_layer = draw, key, after_layer
+        self.units = units
         self.keep_mask = kept
         #: How many site keys each canonical path took in this pass.
         self.draws: dict[str, int] = {}
@@ -179,7 +187,11 @@ class Scope:
         run, prefix = self._pass, self._prefix  # child() inlined: a call per layer per pass
         joined = (f"{prefix}.{name}" if prefix else name) if name else prefix
         child = type(self)(layer, run, joined)  # the caller's kind: a Scope subclass stays one
-        out = layer.forward(child, *inputs)
+        units = run.units
+        if units is not None and name and joined in units:  # "": a transparent child
+            out = units[joined](lambda *xs: layer.forward(child, *xs), *inputs)
+        else:
+            out = layer.forward(child, *inputs)
         after = run.after_layer
         return out if after is None else after(out)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -256,6 +256,7 @@ class TransformerBlock(AbstractLayer, type_name="transformer_block"):
     hidden: int | None = None
     bias: bool = True
     norm_bias: bool = True
+    sharding_unit: ClassVar[bool] = True  # sharded training gathers one block at a time
 
     def __post_init__(self) -> None:
         owner = "TransformerBlock"

@@ -6,11 +6,13 @@ Every layer's computation is written once, in :mod:`unitrain.ops`
 their canonical dotted names and runs :func:`unitrain.models.apply` on this backend's ops.
 A layer the adapter has never heard of, a user's own included, trains like a built-in one.
 
-The tensors hang off plain ``nn.Module`` containers along their dotted path, so
+The tensors hang off containers (plain modules) along their dotted path, so
 ``named_parameters()``, ``named_buffers()`` and ``state_dict()`` give exactly the canonical
 names, in the canonical layouts (linear ``(in, out)``, conv ``(kh, kw, in, out)``): a
 checkpoint needs no renaming or transposing, and DDP, autocast and optimizers see an ordinary
-module.
+module. Sharded training (:meth:`PortableModule.sharding_units`) makes the container of each
+of the model's sharding units an FSDP module of its own, and the pass runs that unit's forward
+through it, so its parameters are gathered only while it runs.
 
 ``PortableModule`` is the name of this concept in every adapter's ``layers`` module, so a
 reader of one adapter finds it in the others (TensorFlow's is a ``tf.Module``, JAX's the pure
@@ -19,6 +21,8 @@ apply function).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -26,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from unitrain import ops
+from unitrain import ConfigError, ops
 from unitrain.backends.torch import ops as torch_ops
 from unitrain.models import AbstractLayer, Pass, apply
 from unitrain.structure import first_leaf
@@ -105,6 +109,8 @@ class PortableModule(nn.Module):
         self._state_in = {name: (owner, local) for name, owner, local in state_at}
         self.generator: torch.Generator | None = torch.Generator(device) if spec.drops_out else None
         self.stream_key: np.ndarray | None = None
+        #: The sharding units' containers and parameters, by path (see sharding_units).
+        self._units: dict[str, tuple[nn.Module, tuple[_Slot, ...]]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``spec``'s output for ``x``; in train mode, the moved state becomes the buffers.
@@ -113,7 +119,15 @@ class PortableModule(nn.Module):
         for a small model): ``.to()`` replaces buffers and ``torch.func.functional_call``
         swaps parameters in, and the pass must see what they put there.
         """
-        params = {name: owner._parameters[local] for name, owner, local in self._params_at}
+        units = None
+        if self._units:
+            params: dict[str, Any] = _UnitParameters(
+                {name: owner._parameters[local] for name, owner, local in self._own_params_at},
+                self._unit_of,
+            )
+            units = {path: functools.partial(self._run_unit, path, params) for path in self._units}
+        else:
+            params = {name: owner._parameters[local] for name, owner, local in self._params_at}
         state: dict[str, Any] = {
             name: owner._buffers[local] for name, owner, local in self._state_at
         }
@@ -130,7 +144,7 @@ class PortableModule(nn.Module):
                 return torch.rand(shape, generator=generator, device=device)
 
         kept = _host_keep_mask if stream is not None and device.type == "cpu" else None
-        run = Pass(params, state, training=training, draw=draw, key=stream, kept=kept)
+        run = Pass(params, state, training=training, draw=draw, key=stream, kept=kept, units=units)
         # ops.enter/leave, not ops.using(): a generator-based context manager costs a few
         # microseconds per forward that a small model's step notices. Arrays the
         # layers make from nothing (masks, constants) go to the input's device.
@@ -147,6 +161,46 @@ class PortableModule(nn.Module):
         # backend adds to the loss; set in __dict__, skipping nn.Module's slower __setattr__.
         self.__dict__["reported_losses"] = run.losses
         return out
+
+    def sharding_units(self) -> list[nn.Module]:
+        """The containers of the model's sharding units (``spec.sharding_units()``), in the
+        order they run; from now on each forward runs a unit's layer through its container.
+
+        The caller makes each container, then this module, an FSDP module
+        (``fully_shard``): the container's pre-forward hook gathers the unit's parameters
+        into it, the layer's forward reads them there, and the post-forward hook frees them
+        (FSDP gathers them again for the backward through hooks on the unit's output). A
+        unit's parameters are in the pass only while it runs; a read from outside (a tied
+        weight) is refused with a ConfigError that says so.
+        """
+        unit_of: dict[str, str] = {}
+        for path in self.spec.sharding_units():
+            slots = tuple(slot for slot in self._params_at if _below(slot[0], path))
+            if not slots:
+                continue
+            self._units[path] = (self.get_submodule(path), slots)
+            unit_of.update((name, path) for name, _, _ in slots)
+        self._unit_of = unit_of
+        self._own_params_at = tuple(slot for slot in self._params_at if slot[0] not in unit_of)
+        return [container for container, _ in self._units.values()]
+
+    def _run_unit(
+        self, path: str, params: dict[str, Any], compute: Callable[..., Any], *inputs: Any
+    ) -> Any:
+        """Run ``compute`` (unit ``path``'s forward) through the unit's container, with the
+        parameters its hooks gathered in ``params`` while it runs."""
+        container, slots = self._units[path]
+
+        def gathered(*xs: Any) -> Any:
+            for name, owner, local in slots:
+                params[name] = owner._parameters[local]
+            try:
+                return compute(*xs)
+            finally:
+                for name, _, _ in slots:
+                    del params[name]
+
+        return container(gathered, *inputs)
 
     def _keep_state(self, name: str, value: torch.Tensor) -> None:
         """Make ``value`` the buffer ``name``, in the buffer's dtype.
@@ -166,6 +220,39 @@ class PortableModule(nn.Module):
         return self.spec.describe()
 
 
+class _Container(nn.Module):
+    """A node of the canonical name tree. Its forward runs the computation handed to it, so
+    that when it is a sharding unit FSDP's hooks (gather before, free after) wrap the unit's
+    forward."""
+
+    def forward(self, compute: Callable[..., Any], *inputs: Any) -> Any:
+        return compute(*inputs)
+
+
+class _UnitParameters(dict[str, Any]):
+    """A pass's parameters under sharding: a unit's are here only while the unit runs."""
+
+    def __init__(self, params: dict[str, Any], unit_of: dict[str, str]) -> None:
+        super().__init__(params)
+        self.unit_of = unit_of
+
+    def __missing__(self, name: str) -> Any:
+        unit = self.unit_of.get(name)
+        if unit is None:
+            raise KeyError(name)
+        raise ConfigError(
+            f"parameter {name!r} was read outside its sharding unit {unit!r}: sharded "
+            "training gathers a unit's parameters only while the unit runs. A layer may read "
+            "only its own parameters and its children's; a weight read elsewhere (a head tied "
+            "to the token embedding) must belong to a layer that is not a unit of its own "
+            "(see unitrain.models.AbstractLayer.sharding_units)"
+        )
+
+
+def _below(name: str, path: str) -> bool:
+    return name.startswith(path + ".")
+
+
 def _host_keep_mask(site_key: torch.Tensor, keep: float, x: torch.Tensor) -> torch.Tensor:
     """A portable dropout mask for a CPU tensor, drawn by the numpy reference's ops: the same
     bits as torch's ops would draw, without eager torch's per-op cost over Threefry's ~135
@@ -183,7 +270,7 @@ def _attach(module: nn.Module, dotted: str, value: torch.Tensor, *, parameter: b
     for part in path:
         child = module._modules.get(part)
         if child is None:
-            child = nn.Module()
+            child = _Container()
             module.add_module(part, child)
         module = child
     if parameter:

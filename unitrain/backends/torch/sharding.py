@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from unitrain import ConfigError
 from unitrain.backends.torch.core import to_numpy
 from unitrain.backends.torch.distributed import TorchDDP
+from unitrain.backends.torch.layers import PortableModule
 from unitrain.checkpoint import RowShard
 from unitrain.structure import map_leaves
 
@@ -81,16 +82,25 @@ class TorchSharded(TorchDDP):
         backend.shard(self.shard_module, self.world_size, self.rank)
 
     def shard_module(self, module: torch.nn.Module) -> None:
-        """``fully_shard(module)`` in place: its parameters become sharded ``DTensor``\\ s.
+        """``fully_shard`` in place, one unit at a time: the parameters become sharded
+        ``DTensor``\\ s, and a unit's are gathered in full only while it runs.
 
-        FSDP2 hooks its backward (which gathers the parameters again) on the forward's
-        output, and warns when that is a view, as an in-place op on a view would drop the
-        hook. A portable model's output often is one (logits out of a reshape), so a hook
-        registered first hands FSDP a copy: one copy of the output per pass, and no op of
-        the caller's can lose the gather.
+        A portable model's units are its blocks (``PortableModule.sharding_units``: each
+        TransformerBlock, each layer of a Sequential): each becomes an FSDP module of its
+        own, then the model (which keeps the rest, gathered for the whole pass), so a
+        worker's peak holds one unit's full parameters and gradients, not the model's. A
+        native module is one unit.
+
+        FSDP2 hooks its backward (which gathers the parameters again) on a unit's output,
+        and warns when that is a view, as an in-place op on a view would drop the hook. A
+        portable model's output often is one (logits out of a reshape), so a hook
+        registered first hands FSDP a copy: one copy of each unit's output per pass, and no
+        op of the caller's can lose the gather.
         """
-        module.register_forward_hook(_not_a_view)
-        fully_shard(module)
+        units = module.sharding_units() if isinstance(module, PortableModule) else []
+        for unit in [*units, module]:
+            unit.register_forward_hook(_not_a_view)
+            fully_shard(unit)
 
     def exchange(self, value: Any) -> list[Any]:
         """Every worker's ``value`` (small, picklable), in rank order, on every worker."""

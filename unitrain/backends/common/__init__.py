@@ -6,7 +6,8 @@
   worker on an engine whose gradient reduction sums (``jax.distributed``, TensorFlow's
   MultiWorkerMirroredStrategy); each adapter says how to sum; and
   :class:`~unitrain.backends.common.workers.WorkerPart`, what such an adapter's
-  ``distribute`` sets (how its gradients are summed, which worker keys its dropout);
+  ``distribute`` (:func:`~unitrain.backends.common.workers.keep_worker_part`) sets: how its
+  gradients are summed, which worker keys its dropout;
 - :class:`~unitrain.backends.common.loss_scale.AbstractLossScale`: the ``"16-mixed"`` loss
   scaler's state (when it runs, how it advances, its checkpoint entries); each adapter's
   ``LossScale`` says where the two numbers live;
@@ -20,6 +21,13 @@ is part of the adapter-facing surface.
 from unitrain.backends.common.loss_scale import AbstractLossScale
 from unitrain.backends.common.renamed import renamed_getattr
 from unitrain.backends.common.staging import one_ahead
-from unitrain.backends.common.workers import SummingWorkers, WorkerPart
+from unitrain.backends.common.workers import SummingWorkers, WorkerPart, keep_worker_part
 
-__all__ = ["AbstractLossScale", "SummingWorkers", "WorkerPart", "one_ahead", "renamed_getattr"]
+__all__ = [
+    "AbstractLossScale",
+    "SummingWorkers",
+    "WorkerPart",
+    "keep_worker_part",
+    "one_ahead",
+    "renamed_getattr",
+]

@@ -17,7 +17,7 @@ from typing import Any
 from unitrain._errors import ConfigError
 from unitrain.backends.strategy import Batch, dropout_index, worker_shard
 
-__all__ = ["SummingWorkers", "WorkerPart"]
+__all__ = ["SummingWorkers", "WorkerPart", "keep_worker_part"]
 
 
 class SummingWorkers:
@@ -80,3 +80,11 @@ class WorkerPart:
     def dropout_index(self, micro_batch: int) -> int:
         """The dropout key's micro-batch number of this worker's slice."""
         return dropout_index(micro_batch, self.world_size, self.rank)
+
+
+def keep_worker_part(backend: Any, reduce_gradients: Any, world_size: int, rank: int) -> None:
+    """The ``distribute`` protocol method of an adapter that keeps a :class:`WorkerPart` in
+    ``_part`` (JAX's, TensorFlow's): sum the gradients over the workers before a step, and
+    key dropout as this worker. The adapter's class names it: ``distribute = keep_worker_part``.
+    """
+    backend._part = WorkerPart(reduce_gradients, world_size, rank)

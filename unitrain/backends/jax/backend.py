@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from unitrain import ConfigError, losses, optim
-from unitrain.backends.common import WorkerPart
+from unitrain.backends.common import WorkerPart, keep_worker_part
 from unitrain.backends.jax import losslog
 from unitrain.backends.jax import ops as jax_ops
 from unitrain.backends.jax.compiled import (
@@ -80,6 +80,7 @@ from unitrain.backends.jax.prefetch import prefetch
 from unitrain.backends.jax.sharding import host_state, local_rows
 from unitrain.backends.jax.state import StateLayout
 from unitrain.backends.precision import (
+    PRECISIONS,
     compute_dtype,
     require_precision,
 )
@@ -115,10 +116,7 @@ class JaxBackend:
         dtypes=("float32",),
         portable_layers=True,
         data_parallel=True,
-        precisions={
-            "cpu": ("32", "bf16-mixed", "16-mixed"),
-            "gpu": ("32", "bf16-mixed", "16-mixed"),
-        },
+        precisions={"cpu": PRECISIONS, "gpu": PRECISIONS},  # every one, on both
     )
 
     @staticmethod
@@ -323,13 +321,10 @@ class JaxBackend:
         self._state = self._fn.step(self._state, grads, self._lr(lr), self._settings)
         self._numbers.updated()
 
-    def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
-        """Sum the gradients over the workers before a step; key dropout as this worker."""
-        self._part = WorkerPart(reduce_gradients, world_size, rank)
-
-    def launched_strategy(self) -> Any:
-        """jax.distributed over the launched workers, or None when not launched."""
-        return JaxDistributed.from_environment()
+    #: Sum the gradients over the workers before a step; key dropout as this worker.
+    distribute = keep_worker_part
+    #: jax.distributed over the launched workers, or None when not launched.
+    launched_strategy = staticmethod(JaxDistributed.from_environment)
 
     #: The launcher that starts N local workers (coordinator on 127.0.0.1).
     launch_command = staticmethod(launch_command)

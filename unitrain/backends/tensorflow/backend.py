@@ -45,8 +45,8 @@ import tensorflow as tf  # absolute: the framework, not this module
 import tensorflow.experimental.numpy as tnp
 
 from unitrain import ConfigError
-from unitrain.backends.common import WorkerPart
-from unitrain.backends.precision import require_precision
+from unitrain.backends.common import WorkerPart, keep_worker_part
+from unitrain.backends.precision import PRECISIONS, require_precision
 from unitrain.backends.protocol import (
     BackendOptions,
     Batch,
@@ -105,10 +105,7 @@ class TensorFlowBackend:
         bit_exact_resume=True,
         portable_layers=True,
         data_parallel=True,
-        precisions={
-            "cpu": ("32", "bf16-mixed", "16-mixed"),
-            "gpu": ("32", "bf16-mixed", "16-mixed"),
-        },
+        precisions={"cpu": PRECISIONS, "gpu": PRECISIONS},  # every one, on both
     )
 
     @staticmethod
@@ -264,13 +261,10 @@ class TensorFlowBackend:
         self._pending, self._accumulated = None, False
         self._numbers.updated()
 
-    def distribute(self, reduce_gradients: Any, world_size: int, rank: int) -> None:
-        """Sum the gradients over the workers before a step; key dropout as this worker."""
-        self._part = WorkerPart(reduce_gradients, world_size, rank)
-
-    def launched_strategy(self) -> Any:
-        """MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None."""
-        return TensorFlowDistributed.from_environment()
+    #: Sum the gradients over the workers before a step; key dropout as this worker.
+    distribute = keep_worker_part
+    #: MultiWorkerMirroredStrategy over the workers TF_CONFIG names, or None.
+    launched_strategy = staticmethod(TensorFlowDistributed.from_environment)
 
     #: The launcher that starts N local workers (TF_CONFIG on local ports).
     launch_command = staticmethod(launch_command)

@@ -53,7 +53,14 @@ from unitrain.optim._base import (
     optimizer_types,
     written_in_ops,
 )
-from unitrain.optim._groups import Group, ParameterGroup, bind_options, for_model, parameter_groups
+from unitrain.optim._groups import (
+    Group,
+    ParameterGroup,
+    bind_options,
+    each_parameter_rule,
+    for_model,
+    parameter_groups,
+)
 from unitrain.optim._lion import Lion
 from unitrain.optim._rmsprop import RMSprop
 from unitrain.optim._sgd import SGD
@@ -85,6 +92,7 @@ __all__ = [
     "init_state",
     "optimizer_from_dict",
     "optimizer_types",
+    "each_parameter_rule",
     "parameter_groups",
     "written_in_ops",
 ]

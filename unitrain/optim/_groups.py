@@ -19,7 +19,7 @@ import fnmatch
 import functools
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from unitrain._errors import ConfigError
@@ -276,6 +276,27 @@ def parameter_groups(optimizer: AbstractOptimizer, names: Iterable[str]) -> list
         return list(_cached_groups(optimizer, names))
     except TypeError:  # an optimizer of the user's with an unhashable field
         return _split(optimizer, names)
+
+
+def each_parameter_rule(
+    optimizer: AbstractOptimizer, names: Sequence[str], lr: Any
+) -> Iterator[tuple[AbstractOptimizer, Any, int]]:
+    """``(options, learning rate, index)`` for each parameter, by its position in ``names``
+    (the canonical names in the order the caller holds the parameters): its group's options
+    and ``lr`` times its group's ``lr_scale``. What an adapter's generic update runs
+    ``options.update`` over, parameter by parameter.
+
+    Examples:
+        >>> from unitrain.optim import SGD
+        >>> spec = SGD(groups=[Group("*.bias", lr_scale=0.5)])
+        >>> [(index, lr) for _, lr, index in each_parameter_rule(spec, ["w", "b.bias"], 0.1)]
+        [(1, 0.05), (0, 0.1)]
+    """
+    position = {name: index for index, name in enumerate(names)}
+    for group in parameter_groups(optimizer, position):
+        group_lr = lr if group.lr_scale == 1.0 else lr * group.lr_scale
+        for name in group.names:
+            yield group.optimizer, group_lr, position[name]
 
 
 def _split(optimizer: AbstractOptimizer, names: tuple[str, ...]) -> list[ParameterGroup]:

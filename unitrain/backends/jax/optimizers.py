@@ -74,37 +74,21 @@ def in_ops(spec: optim.AbstractOptimizer) -> Callable[[Any], InOps]:
             slot_leaves = {slot: jax.tree.leaves(v) for slot, v in state.slots.items()}
             new_leaves: list[Any] = list(leaves)
             new_slots = {slot: list(values) for slot, values in slot_leaves.items()}
+            names = list(flatten_params(params))  # the same walk as jax.tree.leaves
             with ops.using(jax_ops):
-                for rule, scale, indices in _grouped(spec, params):
-                    lr = learning_rate if scale == 1.0 else learning_rate * scale
-                    for index in indices:
-                        p, g = leaves[index], grad_leaves[index]
-                        mine = {slot: values[index] for slot, values in slot_leaves.items()}
-                        new_p, updated = rule.update(p, g, mine, lr, count)
-                        new_leaves[index] = new_p.astype(p.dtype)
-                        for slot, value in updated.items():
-                            new_slots[slot][index] = value.astype(p.dtype)
+                for rule, lr, index in optim.each_parameter_rule(spec, names, learning_rate):
+                    p, g = leaves[index], grad_leaves[index]
+                    mine = {slot: values[index] for slot, values in slot_leaves.items()}
+                    new_p, updated = rule.update(p, g, mine, lr, count)
+                    new_leaves[index] = new_p.astype(p.dtype)
+                    for slot, value in updated.items():
+                        new_slots[slot][index] = value.astype(p.dtype)
             slots = {slot: jax.tree.unflatten(tree, values) for slot, values in new_slots.items()}
             return jax.tree.unflatten(tree, new_leaves), InOpsState(count, slots)
 
         return InOps(init, apply)
 
     return at
-
-
-def _grouped(
-    spec: optim.AbstractOptimizer, params: Any
-) -> list[tuple[optim.AbstractOptimizer, float, list[int]]]:
-    """``(options, lr_scale, leaf indices)`` per group of ``spec``, the leaves in
-    ``jax.tree.leaves(params)`` order and named as the state dict names them."""
-    names = list(flatten_params(params))  # the same walk as jax.tree.leaves
-    if not spec.groups:
-        return [(spec, 1.0, list(range(len(names))))]
-    position = {name: index for index, name in enumerate(names)}
-    return [
-        (group.optimizer, group.lr_scale, [position[name] for name in group.names])
-        for group in optim.parameter_groups(spec, names)
-    ]
 
 
 def _sgd(spec: optim.SGD) -> Callable[[Any], optax.GradientTransformation]:

@@ -68,19 +68,6 @@ def _name_of(variable: tf.Variable) -> str:
     return variable.name.rpartition(":")[0].replace("/", ".")
 
 
-def _grouped(
-    spec: optim.AbstractOptimizer, params: Sequence[tf.Variable]
-) -> list[tuple[optim.AbstractOptimizer, float, list[int]]]:
-    """``(options, lr_scale, indices into params)`` per group of ``spec``."""
-    if not spec.groups:
-        return [(spec, 1.0, list(range(len(params))))]
-    index = {_name_of(p): i for i, p in enumerate(params)}
-    return [
-        (group.optimizer, group.lr_scale, [index[name] for name in group.names])
-        for group in optim.parameter_groups(spec, index)
-    ]
-
-
 def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
     """The L2 norm of all gradients as a float64 scalar.
 
@@ -143,17 +130,16 @@ def in_ops(
     """Any optimizer's own update, written in ops, run on each variable (with its group's
     options and learning rate) and assigned back."""
     count = step + 1
+    names = [_name_of(p) for p in params]
     with ops.using(tensorflow_ops):
-        for rule, scale, indices in _grouped(spec, params):
-            group_lr = lr if scale == 1.0 else lr * scale
-            for index in indices:
-                p, g = params[index], grads[index]
-                mine = {slot: variables[index] for slot, variables in slots.items()}
-                values = {slot: variable.read_value() for slot, variable in mine.items()}
-                new_p, updated = rule.update(p.read_value(), g, values, group_lr, count)
-                for slot, value in updated.items():
-                    mine[slot].assign(value)
-                p.assign(new_p)
+        for rule, group_lr, index in optim.each_parameter_rule(spec, names, lr):
+            p, g = params[index], grads[index]
+            mine = {slot: variables[index] for slot, variables in slots.items()}
+            values = {slot: variable.read_value() for slot, variable in mine.items()}
+            new_p, updated = rule.update(p.read_value(), g, values, group_lr, count)
+            for slot, value in updated.items():
+                mine[slot].assign(value)
+            p.assign(new_p)
 
 
 def _sgd(
@@ -167,20 +153,19 @@ def _sgd(
     # The rule's arithmetic with the parameter updated in place by assign_sub: assigning
     # p - lr * d as the rule in ops does made a W1 train step ~7 % slower (median of 6
     # interleaved runs of 200 steps, CPU).
-    for options, scale, indices in _grouped(spec, params):
+    names = [_name_of(p) for p in params]
+    for options, group_lr, index in optim.each_parameter_rule(spec, names, lr):
         rule = cast(optim.SGD, options)  # a group of an SGD is an SGD
-        group_lr = lr if scale == 1.0 else lr * scale
-        for index in indices:
-            p, g, dtype = params[index], grads[index], params[index].dtype
-            if rule.weight_decay:
-                g = g + tf.constant(rule.weight_decay, dtype) * p
-            direction = g
-            if rule.momentum:
-                mu = tf.constant(rule.momentum, dtype)
-                buffer = mu * slots["momentum"][index] + g
-                slots["momentum"][index].assign(buffer)
-                direction = g + mu * buffer if rule.nesterov else buffer
-            p.assign_sub(group_lr * direction)
+        p, g, dtype = params[index], grads[index], params[index].dtype
+        if rule.weight_decay:
+            g = g + tf.constant(rule.weight_decay, dtype) * p
+        direction = g
+        if rule.momentum:
+            mu = tf.constant(rule.momentum, dtype)
+            buffer = mu * slots["momentum"][index] + g
+            slots["momentum"][index].assign(buffer)
+            direction = g + mu * buffer if rule.nesterov else buffer
+        p.assign_sub(group_lr * direction)
 
 
 #: ``rule(spec, params, grads, slots, step, lr)``: one update of the variables in place.

@@ -16,10 +16,12 @@ steps differ by at most 8.9e-8 in float32 and 1.4e-16 in float64; joining the gr
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +55,29 @@ def launch_command(workers: int) -> list[str]:
         f"--nproc_per_node={workers}",
         "--max_restarts=0",
     ]
+
+
+def _leave_group() -> None:
+    """At exit, before the interpreter finalizes: let gloo's worker threads drop what they
+    hold, then leave the process group.
+
+    A gloo worker thread releases a finished collective's tensors after the caller's wait has
+    returned, and releasing a tensor that Python has seen takes the GIL. A worker whose script
+    ends right after its last collective (a gathered state dict) holds the GIL until the
+    interpreter finalizes, and a thread that asks for the GIL then is ended, in the middle of
+    a C++ destructor: ``terminate called without an active exception`` and a SIGABRT that
+    fails the job after the run has finished (3 of 7 four-worker launches of the sharded
+    resume test; the thread's stack: ``ProcessGroupGloo::runLoop`` ->
+    ``~AsyncAllgatherCoalescedWork`` -> ``decref_pyobject`` -> ``PyThread_exit_thread``).
+    Sleeping releases the GIL, so a thread waiting for it finishes its release first.
+    """
+    time.sleep(_DRAIN_SECONDS)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+#: How long a worker leaving the group lets gloo's threads finish (see :func:`_leave_group`).
+_DRAIN_SECONDS = 0.05
 
 
 def _attempt_store(rank: int, world_size: int) -> dist.Store | None:
@@ -117,6 +142,7 @@ class TorchDDP:
                 timeout=TIMEOUT,
                 store=_attempt_store(self.rank, self.world_size),
             )
+            atexit.register(_leave_group)
         elif dist.get_world_size() != self.world_size:
             raise ConfigError(
                 f"the torch process group has {dist.get_world_size()} workers, but this "

@@ -82,9 +82,10 @@ class WorkerPart:
         return dropout_index(micro_batch, self.world_size, self.rank)
 
 
-def keep_worker_part(backend: Any, reduce_gradients: Any, world_size: int, rank: int) -> None:
-    """The ``distribute`` protocol method of an adapter that keeps a :class:`WorkerPart` in
-    ``_part`` (JAX's, TensorFlow's): sum the gradients over the workers before a step, and
-    key dropout as this worker. The adapter's class names it: ``distribute = keep_worker_part``.
+def keep_worker_part(self: Any, reduce_gradients: Any, world_size: int, rank: int) -> None:
+    """The ``distribute`` protocol method, written once, of an adapter that keeps a
+    :class:`WorkerPart` in ``_part`` (JAX's, TensorFlow's): sum the gradients over the workers
+    before a step, and key dropout as this worker. A method body, not a helper: the adapter's
+    class takes it as its method, ``distribute = keep_worker_part``.
     """
-    backend._part = WorkerPart(reduce_gradients, world_size, rank)
+    self._part = WorkerPart(reduce_gradients, world_size, rank)

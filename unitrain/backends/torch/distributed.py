@@ -66,7 +66,7 @@ def _leave_group() -> None:
     ends right after its last collective (a gathered state dict) holds the GIL until the
     interpreter finalizes, and a thread that asks for the GIL then is ended, in the middle of
     a C++ destructor: ``terminate called without an active exception`` and a SIGABRT that
-    fails the job after the run has finished (3 of 7 four-worker launches of the sharded
+    fails the job after the run has finished (2-4 of 6 four-worker launches of the sharded
     resume test; the thread's stack: ``ProcessGroupGloo::runLoop`` ->
     ``~AsyncAllgatherCoalescedWork`` -> ``decref_pyobject`` -> ``PyThread_exit_thread``).
     Sleeping releases the GIL, so a thread waiting for it finishes its release first.

@@ -109,8 +109,11 @@ class PortableModule(nn.Module):
         self._state_in = {name: (owner, local) for name, owner, local in state_at}
         self.generator: torch.Generator | None = torch.Generator(device) if spec.drops_out else None
         self.stream_key: np.ndarray | None = None
-        #: The sharding units' containers and parameters, by path (see sharding_units).
+        #: The sharding units' containers and parameters, by path, the unit of each of their
+        #: parameters, and the parameters of none (see sharding_units: none until it is asked).
         self._units: dict[str, tuple[nn.Module, tuple[_Slot, ...]]] = {}
+        self._unit_of: dict[str, str] = {}
+        self._own_params_at = self._params_at
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``spec``'s output for ``x``; in train mode, the moved state becomes the buffers.
@@ -173,15 +176,12 @@ class PortableModule(nn.Module):
         unit's parameters are in the pass only while it runs; a read from outside (a tied
         weight) is refused with a ConfigError that says so.
         """
-        unit_of: dict[str, str] = {}
         for path in self.spec.sharding_units():
             slots = tuple(slot for slot in self._params_at if _below(slot[0], path))
-            if not slots:
-                continue
-            self._units[path] = (self.get_submodule(path), slots)
-            unit_of.update((name, path) for name, _, _ in slots)
-        self._unit_of = unit_of
-        self._own_params_at = tuple(slot for slot in self._params_at if slot[0] not in unit_of)
+            if slots:
+                self._units[path] = (self.get_submodule(path), slots)
+                self._unit_of.update((name, path) for name, _, _ in slots)
+        self._own_params_at = tuple(s for s in self._params_at if s[0] not in self._unit_of)
         return [container for container, _ in self._units.values()]
 
     def _run_unit(
